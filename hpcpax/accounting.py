@@ -1,0 +1,195 @@
+"""Byte and time accounting: every byte hpcpax moves is counted here.
+
+Each transfer is recorded with a *phase* (``dense``, ``push``, ``pull``,
+``intra_node`` exchanges, ...) and an optional *variable* name. Bytes are split
+by whether the peer sits on the same node (virtual nodes included) or on
+another one, so off-node traffic, the figure that limits scaling on a real
+fabric, is always visible.
+
+Point-to-point style exchanges (``Alltoallv``) are counted exactly, from the
+per-destination counts. Collectives whose internal algorithm belongs to the
+MPI library (``Allreduce``) are counted by the formula of a named algorithm
+(ring: each rank sends and receives ``2 (n-1)/n`` of the buffer to/from its
+ring successor/predecessor); the formula is stated where it is used.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from contextlib import contextmanager
+
+import numpy as np
+
+__all__ = ["Accounting", "FIELDS"]
+
+#: The counters kept for each phase and each variable.
+FIELDS = (
+    "sent_bytes",
+    "recv_bytes",
+    "sent_intra_bytes",
+    "sent_inter_bytes",
+    "recv_intra_bytes",
+    "recv_inter_bytes",
+    "seconds",
+    "calls",
+)
+
+
+def _zero():
+    return dict.fromkeys(FIELDS, 0)
+
+
+class Accounting:
+    """Counts bytes and seconds per phase and per variable for one rank.
+
+    Args:
+        node_of: node index of every rank of the communicator whose ranks are
+            passed to :meth:`record_exchange` (world ranks, normally).
+        rank: this process's rank in that communicator.
+
+    Not collective; every method is local.
+    """
+
+    def __init__(self, node_of=None, rank: int = 0):
+        self.node_of = np.zeros(1, np.int64) if node_of is None else np.asarray(node_of, np.int64)
+        self.rank = int(rank)
+        self.reset()
+
+    def reset(self) -> None:
+        """Set every counter to zero."""
+        self._phases = defaultdict(_zero)
+        self._variables = defaultdict(_zero)
+
+    def _add(self, phase, variable, **fields):
+        for table, key in ((self._phases, phase), (self._variables, variable)):
+            if key is None:
+                continue
+            entry = table[key]
+            for name, value in fields.items():
+                entry[name] += value
+
+    def record_exchange(self, phase, variable, sent_per_rank, recv_per_rank, seconds=0.0,
+                        ranks=None) -> None:
+        """Record an exchange whose per-peer byte counts are known exactly.
+
+        Args:
+            phase: phase name, e.g. ``"push"``.
+            variable: variable name or None.
+            sent_per_rank: bytes sent to each peer (self included, which is
+                not counted as traffic).
+            recv_per_rank: bytes received from each peer.
+            seconds: wall time spent.
+            ranks: world rank of each peer, when the exchange ran on a
+                sub-communicator; default: peers are world ranks 0..n-1.
+        """
+        sent = np.asarray(sent_per_rank, np.int64)
+        recv = np.asarray(recv_per_rank, np.int64)
+        peers = np.arange(len(sent)) if ranks is None else np.asarray(ranks, np.int64)
+        not_self = peers != self.rank
+        same_node = self.node_of[peers] == self.node_of[self.rank]
+        intra = not_self & same_node
+        inter = not_self & ~same_node
+        self._add(
+            phase,
+            variable,
+            sent_bytes=int(sent[not_self].sum()),
+            recv_bytes=int(recv[not_self].sum()),
+            sent_intra_bytes=int(sent[intra].sum()),
+            sent_inter_bytes=int(sent[inter].sum()),
+            recv_intra_bytes=int(recv[intra].sum()),
+            recv_inter_bytes=int(recv[inter].sum()),
+            seconds=float(seconds),
+            calls=1,
+        )
+
+    def record_bytes(self, phase, variable, sent=0, recv=0, sent_inter=0, recv_inter=0,
+                     seconds=0.0) -> None:
+        """Record a transfer counted by formula (``sent_inter`` of ``sent`` left the node)."""
+        self._add(
+            phase,
+            variable,
+            sent_bytes=int(sent),
+            recv_bytes=int(recv),
+            sent_intra_bytes=int(sent - sent_inter),
+            sent_inter_bytes=int(sent_inter),
+            recv_intra_bytes=int(recv - recv_inter),
+            recv_inter_bytes=int(recv_inter),
+            seconds=float(seconds),
+            calls=1,
+        )
+
+    def record_seconds(self, phase, variable, seconds) -> None:
+        """Record time spent in a phase that moved no bytes (e.g. a kernel)."""
+        self._add(phase, variable, seconds=float(seconds))
+
+    @contextmanager
+    def timer(self, phase, variable=None):
+        """Context manager adding the wall time of its body to ``phase``."""
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.record_seconds(phase, variable, time.perf_counter() - start)
+
+    def phase(self, name) -> dict:
+        """Counters of one phase (zeros if it never ran)."""
+        return dict(self._phases.get(name, _zero()))
+
+    def variable(self, name) -> dict:
+        """Counters of one variable (zeros if it never moved)."""
+        return dict(self._variables.get(name, _zero()))
+
+    def totals(self) -> dict:
+        """Counters summed over all phases."""
+        total = _zero()
+        for entry in self._phases.values():
+            for key in FIELDS:
+                total[key] += entry[key]
+        return total
+
+    def as_dict(self) -> dict:
+        """``{"phases": {...}, "variables": {...}, "total": {...}}``, JSON-ready."""
+        return {
+            "phases": {k: dict(v) for k, v in sorted(self._phases.items())},
+            "variables": {k: dict(v) for k, v in sorted(self._variables.items())},
+            "total": self.totals(),
+        }
+
+    def reduce(self, comm) -> dict:
+        """Sum :meth:`as_dict` over the ranks of ``comm`` (collective).
+
+        Seconds are summed too; divide by the number of ranks for a mean.
+        """
+        mine = self.as_dict()
+        everyone = comm.allgather(mine)
+        out = {"phases": defaultdict(_zero), "variables": defaultdict(_zero), "total": _zero()}
+        for d in everyone:
+            for section in ("phases", "variables"):
+                for key, entry in d[section].items():
+                    for field in FIELDS:
+                        out[section][key][field] += entry[field]
+            for field in FIELDS:
+                out["total"][field] += d["total"][field]
+        out["phases"] = dict(sorted(out["phases"].items()))
+        out["variables"] = dict(sorted(out["variables"].items()))
+        return out
+
+
+def ring_allreduce_bytes(node_of, ranks, rank, nbytes):
+    """Bytes one rank moves in a ring allreduce of ``nbytes`` over ``ranks``.
+
+    The formula hpcpax counts allreduces by: a reduce-scatter and an
+    allgather around the ring of ``ranks`` (in that order), each sending
+    ``(n-1)/n`` of the buffer to the ring successor and receiving as much from
+    the predecessor. Returns ``(sent, recv, sent_inter, recv_inter)``.
+    """
+    n = len(ranks)
+    if n <= 1:
+        return 0, 0, 0, 0
+    i = list(ranks).index(rank)
+    moved = 2 * (n - 1) * nbytes // n
+    succ, pred = ranks[(i + 1) % n], ranks[(i - 1) % n]
+    sent_inter = moved if node_of[succ] != node_of[rank] else 0
+    recv_inter = moved if node_of[pred] != node_of[rank] else 0
+    return moved, moved, sent_inter, recv_inter

@@ -1,0 +1,1 @@
+"""Planner: measurements, cost model, partition search, plans."""

@@ -1,0 +1,535 @@
+"""The MPI parameter server: partitioned sparse tables, BSP push and pull.
+
+Sparse variables live only on *owner* ranks (the server ranks, or the workers
+themselves when the job has none), partitioned by row. Workers never hold a
+whole table:
+
+- :meth:`ParameterServer.pull` sends the ids a worker needs to their owners;
+  the gather runs on the owner and only the touched rows travel back.
+- :meth:`ParameterServer.push` sends the step's deduplicated gradient; the
+  owner sums every worker's contribution (mean by default) and applies the
+  row-wise optimizer once, so the next pull sees the update (BSP).
+
+With *local aggregation* on, the workers of one node first exchange ids and
+gradients by partition inside the node; each partition has one delegate
+worker per node that deduplicates and sums the node's share, and only the
+delegate talks to the owner. Off-node sparse traffic then grows with the
+number of nodes, not the number of workers.
+
+Every operation is **collective** over ``topology.comm``: all workers call
+the same operations in the same order; server ranks sit in :meth:`serve`,
+which follows the workers' operations until :meth:`shutdown`. Each operation
+starts with one small ``Allgather`` of a fixed header (operation, variable,
+status), which is how servers learn what to do and how a bad input on one
+worker makes every worker raise together instead of deadlocking.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from .backend import array_module, to_host
+from .consistency import check_same
+from .errors import ConfigError, MismatchError, NonFiniteError, SparseIndexError
+from .exchange import alltoallv_rows, exchange_counts, group_by_destination
+from .initializers import INITIALIZERS, init_rows
+from .ops import dedup_sum, gather_rows
+from .ops.optimizers import make_optimizer
+from .partitioning import Partitioning
+from .sparse_grad import SparseGrad, check_indices
+
+__all__ = ["SparseVariableSpec", "ParameterServer", "assign_partitions"]
+
+OP_REGISTER, OP_PULL, OP_PUSH, OP_SHUTDOWN, OP_EXPORT, OP_REPARTITION, OP_IMPORT = range(1, 8)
+_OP_NAMES = {OP_REGISTER: "register", OP_PULL: "pull", OP_PUSH: "push", OP_SHUTDOWN: "shutdown",
+             OP_EXPORT: "export", OP_REPARTITION: "repartition", OP_IMPORT: "import"}
+STATUS_OK, STATUS_BAD_INPUT, STATUS_NONFINITE = 0, 1, 2
+_HEADER = 4  # op, variable index, status, argument
+
+
+@dataclass(frozen=True)
+class SparseVariableSpec:
+    """A sparse variable (an embedding table) as workers register it.
+
+    Attributes:
+        name: unique name.
+        rows, dim: table shape.
+        dtype: ``float32`` or ``float64``.
+        initializer: ``uniform`` (U(-init_scale, init_scale)), ``zeros`` or
+            ``constant`` (every value ``init_scale``).
+        init_scale: see ``initializer``.
+        optimizer: ``sgd``, ``momentum``, ``adagrad`` or ``adam``.
+        optimizer_params: hyper-parameters, e.g. ``{"lr": 0.1}``.
+        partitioning: ``mod`` (row r in partition r % P) or ``range``.
+        num_partitions: P; None = one per owner rank.
+    """
+
+    name: str
+    rows: int
+    dim: int
+    dtype: str = "float32"
+    initializer: str = "uniform"
+    init_scale: float = 0.05
+    optimizer: str = "sgd"
+    optimizer_params: dict = field(default_factory=lambda: {"lr": 0.1})
+    partitioning: str = "mod"
+    num_partitions: int | None = None
+
+    def validate(self) -> None:
+        """Raise ``ValueError``/``TypeError`` for a bad field (local check)."""
+        if not isinstance(self.name, str) or not self.name:
+            raise TypeError(f"name must be a non-empty str, not {self.name!r}")
+        for key in ("rows", "dim"):
+            value = getattr(self, key)
+            if not isinstance(value, (int, np.integer)) or value < 1:
+                raise ValueError(f"{self.name}: {key} must be a positive int, not {value!r}")
+        if np.dtype(self.dtype) not in (np.dtype("float32"), np.dtype("float64")):
+            raise TypeError(f"{self.name}: dtype must be float32 or float64, not {self.dtype}")
+        if self.initializer not in INITIALIZERS:
+            raise ValueError(f"{self.name}: initializer must be one of {sorted(INITIALIZERS)}, "
+                             f"not {self.initializer!r}")
+        if self.partitioning not in ("mod", "range"):
+            raise ValueError(f"{self.name}: partitioning must be 'mod' or 'range', "
+                             f"not {self.partitioning!r}")
+        if self.num_partitions is not None and (
+                not isinstance(self.num_partitions, (int, np.integer)) or self.num_partitions < 1):
+            raise ValueError(f"{self.name}: num_partitions must be a positive int, "
+                             f"not {self.num_partitions!r}")
+        make_optimizer(self.optimizer, **self.optimizer_params)
+
+    def to_dict(self) -> dict:
+        """JSON-ready dict."""
+        d = asdict(self)
+        d["dtype"] = str(np.dtype(self.dtype))
+        return d
+
+    @property
+    def row_bytes(self) -> int:
+        """Bytes of one row."""
+        return self.dim * np.dtype(self.dtype).itemsize
+
+
+def assign_partitions(partition_bytes, num_owners: int) -> list:
+    """Owner index of each partition: largest first onto the least loaded.
+
+    Deterministic; balances bytes across owners.
+    """
+    load = [0] * num_owners
+    owners = [0] * len(partition_bytes)
+    for p in sorted(range(len(partition_bytes)), key=lambda i: (-partition_bytes[i], i)):
+        target = min(range(num_owners), key=lambda o: (load[o], o))
+        owners[p] = target
+        load[target] += partition_bytes[p]
+    return owners
+
+
+class _Variable:
+    """A registered variable: its layout everywhere, its rows on owners."""
+
+    def __init__(self, index, spec, topology, seed, partitions=None, owners=None):
+        self.index = index
+        self.spec = spec
+        self.set_layout(topology, partitions or spec.num_partitions or len(topology.owner_ranks),
+                        owners)
+        self.optimizer = make_optimizer(spec.optimizer, **spec.optimizer_params)
+        self.table = None
+        self.state = None
+        if topology.rank in self.owner_rank_of_part:
+            gids = self.owned_global_ids()
+            self.table = init_rows(spec.initializer, seed, spec.name, gids, spec.dim, spec.dtype,
+                                   spec.init_scale)
+            self.state = self.optimizer.init_state(self.table.shape, self.table.dtype, np)
+
+    def set_layout(self, topology, num_partitions, owners=None):
+        spec = self.spec
+        self.partitioning = Partitioning(spec.partitioning, spec.rows, int(num_partitions))
+        part_bytes = [self.partitioning.part_rows(p) * spec.row_bytes
+                      for p in range(num_partitions)]
+        owner_ranks = topology.owner_ranks
+        if owners is None:
+            owners = assign_partitions(part_bytes, len(owner_ranks))
+        if len(owners) != num_partitions or not all(0 <= o < len(owner_ranks) for o in owners):
+            raise ConfigError(f"{spec.name}: owners must list one of {len(owner_ranks)} owners "
+                              f"for each of {num_partitions} partitions, not {owners!r}")
+        self.owners = [int(o) for o in owners]
+        self.owner_rank_of_part = np.array([owner_ranks[o] for o in self.owners], np.int64)
+        mine = np.flatnonzero(self.owner_rank_of_part == topology.rank)
+        self.my_parts = [int(p) for p in mine]
+        # Rows of all my partitions are stored back to back in one table.
+        self.offset = np.zeros(num_partitions, np.int64)
+        position = 0
+        for p in self.my_parts:
+            self.offset[p] = position
+            position += self.partitioning.part_rows(p)
+        self.num_local_rows = position
+
+    def owned_global_ids(self) -> np.ndarray:
+        parts = [self.partitioning.global_index(p, np.arange(self.partitioning.part_rows(p)))
+                 for p in self.my_parts]
+        return np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, np.int64)
+
+    def local_rows(self, ids) -> np.ndarray:
+        """Row of each global id in this owner's table."""
+        return self.offset[self.partitioning.partition_of(ids)] + self.partitioning.local_index(ids)
+
+    def dest_of(self, ids) -> np.ndarray:
+        return self.owner_rank_of_part[self.partitioning.partition_of(ids)]
+
+
+class ParameterServer:
+    """Client and server of the sparse tables, on every rank.
+
+    Args:
+        topology: from :func:`hpcpax.init`.
+        local_aggregation: aggregate per node before leaving it.
+        reduce: ``mean`` (default, matches the dense path) or ``sum`` over workers.
+        nonfinite: ``raise`` (default) or ``skip`` a push holding NaN/Inf
+            (every rank skips that step's update).
+        seed: key of the layout-independent row initializer.
+
+    Construction is local; :meth:`register` is the first collective.
+    """
+
+    def __init__(self, topology, *, local_aggregation=True, reduce="mean", nonfinite="raise",
+                 seed=0):
+        if reduce not in ("mean", "sum"):
+            raise ConfigError(f"reduce must be 'mean' or 'sum', not {reduce!r}")
+        if nonfinite not in ("raise", "skip"):
+            raise ConfigError(f"nonfinite must be 'raise' or 'skip', not {nonfinite!r}")
+        self.topology = topology
+        self.local_aggregation = bool(local_aggregation)
+        self.reduce = reduce
+        self.nonfinite = nonfinite
+        self.seed = int(seed)
+        self.accounting = topology.accounting
+        self.variables = {}
+        self._by_index = []
+        self.skipped_pushes = 0
+        nw = topology.node_workers
+        self._node_worker_ranks = (np.array(nw.allgather(topology.rank), np.int64)
+                                   if nw is not None else None)
+
+    # ----------------------------------------------------------------- header
+    def _header(self, op, var_index=-1, status=STATUS_OK, argument=0):
+        from mpi4py import MPI
+
+        comm = self.topology.comm
+        mine = np.array([op, var_index, status, argument], np.int64)
+        everyone = np.empty((comm.Get_size(), _HEADER), np.int64)
+        start = time.perf_counter()
+        comm.Allgather([mine, MPI.INT64_T], [everyone, MPI.INT64_T])
+        n = comm.Get_size() - 1
+        self.accounting.record_bytes("control", None, sent=n * mine.nbytes,
+                                     recv=n * mine.nbytes, seconds=time.perf_counter() - start)
+        workers = everyone[self.topology.worker_ranks]
+        first = workers[0]
+        disagree = [r for r, h in zip(self.topology.worker_ranks, workers)
+                    if (h[0], h[1], h[3]) != (first[0], first[1], first[3])]
+        if disagree:
+            def describe(h):
+                name = self._by_index[h[1]].spec.name if 0 <= h[1] < len(self._by_index) else h[1]
+                return f"{_OP_NAMES.get(int(h[0]), h[0])}({name}, {int(h[3])})"
+            raise MismatchError(
+                f"workers called different parameter-server operations: rank "
+                f"{self.topology.worker_ranks[0]} {describe(first)}, ranks {disagree} "
+                f"{describe(everyone[disagree[0]])}")
+        return workers
+
+    def _check_status(self, workers, var_name, op_name, error=None):
+        """Raise on every worker if any worker reported bad input."""
+        bad = [r for r, h in zip(self.topology.worker_ranks, workers) if h[2] != STATUS_OK]
+        if not bad:
+            return False
+        if all(workers[self.topology.worker_ranks.index(r)][2] == STATUS_NONFINITE for r in bad) \
+                and self.nonfinite == "skip":
+            self.skipped_pushes += 1
+            return True
+        if self.topology.is_server:
+            return True
+        if error is not None:
+            raise error
+        kind = {STATUS_BAD_INPUT: "bad input", STATUS_NONFINITE: "a non-finite gradient"}
+        status = workers[self.topology.worker_ranks.index(bad[0])][2]
+        cls = NonFiniteError if status == STATUS_NONFINITE else SparseIndexError
+        raise cls(f"{op_name} of {var_name!r} refused on every rank: rank {bad[0]} "
+                  f"sent {kind[int(status)]} (ranks with bad input: {bad})")
+
+    # ------------------------------------------------------------ register
+    def register(self, specs) -> None:
+        """Create sparse variables on their owners.
+
+        **Collective**: workers pass the same list of
+        :class:`SparseVariableSpec`; servers receive it inside :meth:`serve`.
+        Ranks that pass different lists raise :class:`MismatchError` on every
+        rank. Partitions are assigned to owners balancing bytes.
+        """
+        specs = list(specs)
+        names = [s.name for s in specs]
+        for s in specs:
+            s.validate()
+        if len(set(names)) != len(names) or any(n in self.variables for n in names):
+            raise ValueError(f"sparse variable names must be unique, got {names}")
+        self._header(OP_REGISTER, -1, STATUS_OK, len(specs))
+        self._register_collective(specs)
+
+    def _register_collective(self, specs):
+        topo = self.topology
+        first = topo.worker_ranks[0]
+        agreed = topo.comm.bcast(specs if topo.rank == first else None, root=first)
+        mine = specs if topo.is_worker else agreed
+        check_same(topo.comm, "sparse variable specs",
+                   {f"spec[{i}]": s.to_dict() for i, s in enumerate(mine)}
+                   | {"count": len(mine)})
+        for spec in agreed:
+            var = _Variable(len(self._by_index), spec, topo, self.seed)
+            self.variables[spec.name] = var
+            self._by_index.append(var)
+
+    def _var(self, name) -> _Variable:
+        try:
+            return self.variables[name]
+        except KeyError:
+            raise KeyError(f"unknown sparse variable {name!r}; registered: "
+                           f"{sorted(self.variables)}") from None
+
+    # ---------------------------------------------------------------- pull
+    def pull(self, name, ids):
+        """Rows ``ids`` of variable ``name``, in the order given.
+
+        **Collective** (every worker calls it, servers serve it). ``ids`` may
+        be NumPy or CuPy and hold duplicates; the result lives on the same
+        device, shape ``[len(ids), dim]``.
+        """
+        xp = array_module(ids)
+        unique, inverse = np.unique(to_host(ids).astype(np.int64, copy=False),
+                                    return_inverse=True)
+        rows = self._pull(name, unique, ids)
+        out = rows[inverse.reshape(-1)]
+        return out if xp is np else xp.asarray(out)
+
+    def pull_unique(self, name, ids):
+        """``(unique sorted ids, their rows)`` for ``ids`` (host arrays).
+
+        **Collective**. What a model needs: each row once.
+        """
+        unique = np.unique(to_host(ids).astype(np.int64, copy=False))
+        return unique, self._pull(name, unique, ids)
+
+    def _pull(self, name, unique, original):
+        var = self._var(name)
+        error = None
+        try:
+            check_indices(name, unique, var.spec.rows)
+        except SparseIndexError as exc:
+            error = exc
+        workers = self._header(OP_PULL, var.index, STATUS_BAD_INPUT if error else STATUS_OK)
+        self._check_status(workers, name, "pull", error)
+        return self._pull_collective(var, unique)
+
+    def _pull_collective(self, var, ids):
+        topo, acct, name = self.topology, self.accounting, var.spec.name
+        dim, dtype = var.spec.dim, np.dtype(var.spec.dtype)
+        la = self.local_aggregation and topo.is_worker and topo.node_workers.Get_size() > 1
+        if la:
+            nw = topo.node_workers
+            delegate = var.partitioning.partition_of(ids) % nw.Get_size()
+            n_counts, n_order, n_ids = group_by_destination(delegate, nw.Get_size(), ids)
+            n_recv = exchange_counts(nw, n_counts)
+            (requests,) = alltoallv_rows(nw, n_counts, n_recv, [n_ids], acct, "intra_node",
+                                         name, ranks=self._node_worker_ranks)
+            outgoing, inverse = np.unique(requests, return_inverse=True)
+        else:
+            outgoing = ids
+        counts, order, out_ids = group_by_destination(var.dest_of(outgoing), topo.size, outgoing)
+        recv = exchange_counts(topo.comm, counts)
+        (wanted,) = alltoallv_rows(topo.comm, counts, recv, [out_ids], acct, "pull", name)
+        if len(wanted):
+            rows = gather_rows(var.table, var.local_rows(wanted))
+        else:
+            rows = np.zeros((0, dim), dtype)
+        (got,) = alltoallv_rows(topo.comm, recv, counts, [rows], acct, "pull", name)
+        got = _unsort(got, order)
+        if la:
+            (back,) = alltoallv_rows(nw, n_recv, n_counts, [got[inverse]], acct, "intra_node",
+                                     name, ranks=self._node_worker_ranks)
+            got = _unsort(back, n_order)
+        return got
+
+    # ---------------------------------------------------------------- push
+    def push(self, name, grad: SparseGrad) -> bool:
+        """Send this step's gradient of ``name``; owners apply the optimizer.
+
+        **Collective** (BSP): returns once every owner has applied the sum
+        (or mean) of all workers' gradients, so the next :meth:`pull` sees
+        the update. ``grad`` may hold duplicate indices and live on the GPU.
+        Returns False when the step was skipped (``nonfinite="skip"``).
+
+        Raises (on every worker, before any data moves, tables untouched):
+            SparseIndexError, ValueError, TypeError: bad indices/shape/dtype.
+            NonFiniteError: NaN/Inf with ``nonfinite="raise"``.
+        """
+        var = self._var(name)
+        error, status = None, STATUS_OK
+        try:
+            if not isinstance(grad, SparseGrad):
+                raise TypeError(f"{name}: push needs a SparseGrad, not {type(grad).__name__}")
+            if grad.num_rows != var.spec.rows:
+                raise ValueError(f"{name}: SparseGrad.num_rows must be {var.spec.rows}, "
+                                 f"not {grad.num_rows}")
+            grad.validate(name, var.spec.dim, var.spec.dtype)
+            ids, values = dedup_sum(grad.indices.astype(array_module(grad.indices).int64,
+                                                        copy=False), grad.values)
+            ids, values = to_host(ids), to_host(values)
+            if not np.isfinite(values).all():
+                status = STATUS_NONFINITE
+                error = NonFiniteError(f"{name}: gradient holds NaN or Inf "
+                                       f"(set nonfinite='skip' to skip such steps)")
+        except (TypeError, ValueError) as exc:
+            error, status = exc, STATUS_BAD_INPUT
+        workers = self._header(OP_PUSH, var.index, status)
+        if self._check_status(workers, name, "push", error):
+            return False
+        return self._push_collective(var, ids, values)
+
+    def _push_collective(self, var, ids, values):
+        topo, acct, name = self.topology, self.accounting, var.spec.name
+        la = self.local_aggregation and topo.is_worker and topo.node_workers.Get_size() > 1
+        if la:
+            nw = topo.node_workers
+            delegate = var.partitioning.partition_of(ids) % nw.Get_size()
+            n_counts, _, n_ids, n_vals = group_by_destination(delegate, nw.Get_size(), ids, values)
+            n_recv = exchange_counts(nw, n_counts)
+            r_ids, r_vals = alltoallv_rows(nw, n_counts, n_recv, [n_ids, n_vals], acct,
+                                           "intra_node", name, ranks=self._node_worker_ranks)
+            with acct.timer("aggregate", name):
+                ids, values = dedup_sum(r_ids, r_vals)
+        counts, _, s_ids, s_vals = group_by_destination(var.dest_of(ids), topo.size, ids, values)
+        recv = exchange_counts(topo.comm, counts)
+        r_ids, r_vals = alltoallv_rows(topo.comm, counts, recv, [s_ids, s_vals], acct, "push", name)
+        if var.table is not None:
+            with acct.timer("apply", name):
+                unique, summed = dedup_sum(r_ids, r_vals)
+                if self.reduce == "mean" and topo.num_workers > 1:
+                    summed /= topo.num_workers
+                var.optimizer.apply_rows(var.table, var.state, var.local_rows(unique), summed)
+        return True
+
+    # ------------------------------------------------------ export / import
+    def export_rows(self, name):
+        """This owner's rows of ``name``: ``(global ids, table, row state, scalar state)``.
+
+        Local; empty on ranks that own nothing. Row state holds the
+        optimizer slots with one row per table row; scalar state the rest
+        (e.g. Adam's step), identical on every owner.
+        """
+        var = self._var(name)
+        gids = var.owned_global_ids()
+        if var.table is None:
+            return gids, np.zeros((0, var.spec.dim), var.spec.dtype), {}, {}
+        rows, scalars = _split_state(var.state, var.table.shape[0])
+        return gids, var.table, rows, scalars
+
+    def repartition(self, name, num_partitions, owners=None) -> None:
+        """Move ``name`` to ``num_partitions`` partitions, live and exactly.
+
+        **Collective**. Every row, with its optimizer state, goes to its new
+        owner by global id; nothing is recomputed, so training continues as
+        if the new layout had been used from the start.
+        """
+        var = self._var(name)
+        if not isinstance(num_partitions, (int, np.integer)) or num_partitions < 1:
+            raise ValueError(f"num_partitions must be a positive int, not {num_partitions!r}")
+        self._header(OP_REPARTITION, var.index, STATUS_OK, int(num_partitions))
+        owners = self.topology.comm.bcast(owners, root=self.topology.worker_ranks[0])
+        self._repartition_collective(var, int(num_partitions), owners)
+
+    def _repartition_collective(self, var, num_partitions, owners):
+        topo = self.topology
+        gids, table, row_state, scalars = self.export_rows(var.spec.name)
+        scalars = topo.comm.bcast(scalars, root=int(var.owner_rank_of_part[0]))
+        old_rows = var.num_local_rows
+        var.set_layout(topo, num_partitions, owners)
+        state_names = sorted(row_state) if row_state else sorted(
+            k for k, v in var.optimizer.init_state((1, var.spec.dim), table.dtype, np).items()
+            if np.ndim(v) == 2)
+        arrays = [gids, table] + [row_state[k] for k in state_names] if old_rows else \
+            [gids, table] + [np.zeros((0, var.spec.dim), table.dtype) for _ in state_names]
+        counts, _, *sorted_arrays = group_by_destination(var.dest_of(gids), topo.size, *arrays)
+        recv = exchange_counts(topo.comm, counts)
+        got = alltoallv_rows(topo.comm, counts, recv, sorted_arrays, self.accounting,
+                             "repartition", var.spec.name)
+        if var.my_parts:
+            local = var.local_rows(got[0])
+            var.table = np.empty((var.num_local_rows, var.spec.dim), var.spec.dtype)
+            var.table[local] = got[1]
+            var.state = var.optimizer.init_state(var.table.shape, var.table.dtype, np)
+            for k, arr in zip(state_names, got[2:]):
+                var.state[k][local] = arr
+            for k, v in scalars.items():
+                var.state[k] = np.array(v, copy=True)
+        else:
+            var.table, var.state = None, None
+
+    def read_table(self, name):
+        """The whole table of ``name`` on every worker (host array).
+
+        **Collective**; for tests, evaluation and small tables only.
+        """
+        var = self._var(name)
+        return self.pull(name, np.arange(var.spec.rows, dtype=np.int64))
+
+    # --------------------------------------------------------------- serve
+    def serve(self) -> None:
+        """Run the server loop on a server rank until :meth:`shutdown`.
+
+        **Collective**: follows the workers' operations one by one.
+        Returns on server ranks when the workers shut down; returns at once
+        on workers.
+        """
+        if not self.topology.is_server:
+            return
+        empty_ids = np.zeros(0, np.int64)
+        while True:
+            workers = self._header(0)
+            op, index, _, argument = (int(v) for v in workers[0])
+            if op == OP_SHUTDOWN:
+                return
+            if op == OP_REGISTER:
+                self._register_collective([])
+                continue
+            var = self._by_index[index]
+            if op == OP_REPARTITION:
+                owners = self.topology.comm.bcast(None, root=self.topology.worker_ranks[0])
+                self._repartition_collective(var, argument, owners)
+                continue
+            if self._check_status(workers, var.spec.name, _OP_NAMES[op]):
+                continue
+            if op == OP_PULL:
+                self._pull_collective(var, empty_ids)
+            elif op == OP_PUSH:
+                self._push_collective(var, empty_ids,
+                                      np.zeros((0, var.spec.dim), var.spec.dtype))
+
+    def shutdown(self) -> None:
+        """Release the server ranks from :meth:`serve`. **Collective** on workers."""
+        if self.topology.is_worker:
+            self._header(OP_SHUTDOWN)
+
+
+def _unsort(values, order):
+    """Undo :func:`group_by_destination`'s permutation."""
+    if order is None:
+        return values
+    out = np.empty_like(values)
+    out[order] = values
+    return out
+
+
+def _split_state(state, num_rows):
+    rows = {k: v for k, v in state.items() if np.ndim(v) == 2 and v.shape[0] == num_rows}
+    scalars = {k: v for k, v in state.items() if k not in rows}
+    return rows, scalars
