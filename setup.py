@@ -13,7 +13,11 @@ setup(
     # The CUDA sources and Slurm templates live in top-level folders (the
     # user asked for that layout) and ship inside the package as data.
     package_dir={"hpcpax.kernels": "kernels", "hpcpax.jobscripts": "jobscripts"},
-    package_data={"hpcpax.kernels": ["*.cu", "*.cuh"], "hpcpax.jobscripts": ["*.sbatch"]},
+    package_data={
+        "hpcpax.kernels": ["*.cu", "*.cuh"],
+        "hpcpax.jobscripts": ["*.sbatch"],
+        "hpcpax.planner": ["presets/*.json"],
+    },
     install_requires=["numpy>=1.24", "mpi4py>=3.1", "h5py>=3.8", "tqdm>=4.60"],
     extras_require={
         "mpich": ["mpi4py>=4.0", "mpich"],

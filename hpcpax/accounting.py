@@ -70,7 +70,7 @@ class Accounting:
                 entry[name] += value
 
     def record_exchange(self, phase, variable, sent_per_rank, recv_per_rank, seconds=0.0,
-                        ranks=None) -> None:
+                        ranks=None, calls=1) -> None:
         """Record an exchange whose per-peer byte counts are known exactly.
 
         Args:
@@ -82,6 +82,7 @@ class Accounting:
             seconds: wall time spent.
             ranks: world rank of each peer, when the exchange ran on a
                 sub-communicator; default: peers are world ranks 0..n-1.
+            calls: how many operations this record counts as.
         """
         sent = np.asarray(sent_per_rank, np.int64)
         recv = np.asarray(recv_per_rank, np.int64)
@@ -100,7 +101,7 @@ class Accounting:
             recv_intra_bytes=int(recv[intra].sum()),
             recv_inter_bytes=int(recv[inter].sum()),
             seconds=float(seconds),
-            calls=1,
+            calls=calls,
         )
 
     def record_bytes(self, phase, variable, sent=0, recv=0, sent_inter=0, recv_inter=0,

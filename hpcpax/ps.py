@@ -338,14 +338,15 @@ class ParameterServer:
             nw = topo.node_workers
             delegate = var.partitioning.partition_of(ids) % nw.Get_size()
             n_counts, n_order, n_ids = group_by_destination(delegate, nw.Get_size(), ids)
-            n_recv = exchange_counts(nw, n_counts)
+            n_recv = exchange_counts(nw, n_counts, acct, "intra_node", name,
+                                     self._node_worker_ranks)
             (requests,) = alltoallv_rows(nw, n_counts, n_recv, [n_ids], acct, "intra_node",
                                          name, ranks=self._node_worker_ranks)
             outgoing, inverse = np.unique(requests, return_inverse=True)
         else:
             outgoing = ids
         counts, order, out_ids = group_by_destination(var.dest_of(outgoing), topo.size, outgoing)
-        recv = exchange_counts(topo.comm, counts)
+        recv = exchange_counts(topo.comm, counts, acct, "pull", name)
         (wanted,) = alltoallv_rows(topo.comm, counts, recv, [out_ids], acct, "pull", name)
         if len(wanted):
             rows = gather_rows(var.table, var.local_rows(wanted))
@@ -402,13 +403,14 @@ class ParameterServer:
             nw = topo.node_workers
             delegate = var.partitioning.partition_of(ids) % nw.Get_size()
             n_counts, _, n_ids, n_vals = group_by_destination(delegate, nw.Get_size(), ids, values)
-            n_recv = exchange_counts(nw, n_counts)
+            n_recv = exchange_counts(nw, n_counts, acct, "intra_node", name,
+                                     self._node_worker_ranks)
             r_ids, r_vals = alltoallv_rows(nw, n_counts, n_recv, [n_ids, n_vals], acct,
                                            "intra_node", name, ranks=self._node_worker_ranks)
             with acct.timer("aggregate", name):
                 ids, values = dedup_sum(r_ids, r_vals)
         counts, _, s_ids, s_vals = group_by_destination(var.dest_of(ids), topo.size, ids, values)
-        recv = exchange_counts(topo.comm, counts)
+        recv = exchange_counts(topo.comm, counts, acct, "push", name)
         r_ids, r_vals = alltoallv_rows(topo.comm, counts, recv, [s_ids, s_vals], acct, "push", name)
         if var.table is not None:
             with acct.timer("apply", name):
@@ -459,7 +461,7 @@ class ParameterServer:
         arrays = [gids, table] + [row_state[k] for k in state_names] if old_rows else \
             [gids, table] + [np.zeros((0, var.spec.dim), table.dtype) for _ in state_names]
         counts, _, *sorted_arrays = group_by_destination(var.dest_of(gids), topo.size, *arrays)
-        recv = exchange_counts(topo.comm, counts)
+        recv = exchange_counts(topo.comm, counts, self.accounting, "repartition", var.spec.name)
         got = alltoallv_rows(topo.comm, counts, recv, sorted_arrays, self.accounting,
                              "repartition", var.spec.name)
         if var.my_parts:

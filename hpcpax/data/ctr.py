@@ -1,0 +1,184 @@
+"""CTR readers: an ``hpcpax-ctr/1`` file, or synthetic arrays in memory.
+
+Batches are ``{"dense": float32 [B, n_dense], "categorical": int64 [B, n_fields],
+"label": float32 [B]}`` on the host.
+"""
+
+import operator
+import os
+
+import numpy as np
+
+from hpcpax.data import synthetic
+from hpcpax.data.layouts import check_ctr, open_h5
+from hpcpax.data.reading import ShardedReader, gather_windows, scan_chunks
+from hpcpax.errors import DataError
+
+__all__ = ["CTRDataset", "SyntheticCTR"]
+
+
+def _int(value, name, minimum):
+    try:
+        value = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name} must be int, not {type(value).__name__}") from None
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, not {value}")
+    return value
+
+
+class _CTRReader(ShardedReader):
+    kind = "ctr"
+
+    def __init__(self, name, label, dense, categorical, cardinality, shuffle, seed):
+        self._label, self._dense, self._categorical = label, dense, categorical
+        self.n_dense = dense.shape[1]
+        self.n_fields = categorical.shape[1]
+        self.cardinality = cardinality
+        self._row_bytes = 4 + 4 * self.n_dense + 8 * self.n_fields
+        super().__init__(name, len(label), shuffle, seed)
+
+    def _read(self, indices):
+        def rows(array, row_bytes):
+            return gather_windows(array, indices, 1, max(1, row_bytes))[:, 0]
+        # Same runs for all three datasets: each is planned on the whole row's bytes.
+        return {"dense": rows(self._dense, self._row_bytes),
+                "categorical": rows(self._categorical, self._row_bytes),
+                "label": rows(self._label, self._row_bytes)}
+
+    def _table_limits(self, table_rows):
+        """Per-field id bound and, per field, which of cardinality/table_rows set it."""
+        limits = np.full(self.n_fields, np.iinfo(np.int64).max, dtype=np.int64)
+        sources = ["int64 range"] * self.n_fields
+        if self.cardinality is not None:
+            limits = self.cardinality.copy()
+            sources = ["cardinality"] * self.n_fields
+        if table_rows is not None:
+            given = np.asarray(table_rows)
+            if given.dtype.kind not in "iu" or given.ndim > 1 or \
+                    (given.ndim == 1 and given.shape != (self.n_fields,)):
+                raise ValueError(f"table_rows must be an int or {self.n_fields} ints, "
+                                 f"not {table_rows!r}")
+            given = np.broadcast_to(given.astype(np.int64), limits.shape)
+            for field in np.flatnonzero(given < limits):
+                sources[field] = "table_rows"
+            limits = np.minimum(limits, given)
+        return limits, sources
+
+    def validate(self, table_rows=None):
+        """Scan every value (in bounded chunks) and check ranges.
+
+        Checks labels finite and in ``[0, 1]``, dense values finite, ids of
+        field ``f`` in ``[0, min(cardinality[f], table_rows[f]))``.
+
+        Args:
+            table_rows: optional int or ``n_fields`` ints: the rows of the
+                model's embedding table per field.
+
+        Returns:
+            dict summary: ``kind``, ``num_samples``, ``n_dense``, ``n_fields``,
+            ``max_id`` (per field, list), ``positive_rate``.
+
+        Raises:
+            DataError: naming the file, the field, the row and the bound.
+        """
+        limits, sources = self._table_limits(table_rows)
+        largest = np.full(self.n_fields, -1, dtype=np.int64)
+        positives = 0.0
+        with self._reading():
+            for first, block in scan_chunks(self._label, self._row_bytes):
+                bad = ~np.isfinite(block) | (block < 0) | (block > 1)
+                if bad.any():
+                    row = int(np.argmax(bad))
+                    raise DataError(f"{self.name}: label {block[row]} at row {first + row} "
+                                    f"is not in [0, 1]")
+                positives += float(block.sum(dtype=np.float64))
+            for first, block in scan_chunks(self._dense, self._row_bytes):
+                bad = ~np.isfinite(block)
+                if bad.any():
+                    row, column = np.argwhere(bad)[0]
+                    raise DataError(f"{self.name}: dense value {block[row, column]} at row "
+                                    f"{first + row}, column {column} is not finite")
+            for first, block in scan_chunks(self._categorical, self._row_bytes):
+                bad = (block < 0) | (block >= limits)
+                if bad.any():
+                    row, field = np.argwhere(bad)[0]
+                    value = int(block[row, field])
+                    problem = ("is negative" if value < 0 else
+                               f"is not below {sources[field]} "
+                               f"{int(limits[field])}")
+                    raise DataError(f"{self.name}: categorical id {value} at row {first + row}, "
+                                    f"field {field} {problem}")
+                largest = np.maximum(largest, block.max(axis=0))
+        return {"kind": "ctr", "num_samples": self.num_samples, "n_dense": self.n_dense,
+                "n_fields": self.n_fields, "max_id": largest.tolist(),
+                "positive_rate": positives / self.num_samples}
+
+
+class CTRDataset(_CTRReader):
+    """Reader of an ``hpcpax-ctr/1`` HDF5 file (layout in :mod:`hpcpax.data.layouts`).
+
+    Opening checks metadata only; call :meth:`validate` to scan the values.
+    Each :meth:`batch` reads only the rows of the calling shard.
+
+    Args:
+        path: the file.
+        shuffle: visit samples in a per-epoch permutation keyed by
+            ``(seed, epoch)`` (default False: file order).
+        seed: non-negative int keying the shuffle.
+
+    Raises:
+        DataError: missing, unreadable or malformed file.
+    """
+
+    def __init__(self, path, shuffle=False, seed=0):
+        name = os.fspath(path)
+        self._file = open_h5(name)
+        try:
+            label, dense, categorical, cardinality = check_ctr(self._file, name)
+            super().__init__(name, label, dense, categorical, cardinality, shuffle, seed)
+        except BaseException:
+            self._file.close()
+            raise
+
+    def close(self):
+        self._file.close()
+
+
+class SyntheticCTR(_CTRReader):
+    """In-memory synthetic CTR data with the same interface as :class:`CTRDataset`.
+
+    Generated by :func:`hpcpax.data.synthetic.generate_ctr` (Zipf ids, normal
+    dense features, labels from a hidden logistic model: learnable).
+    ``python -m hpcpax.data synth ctr`` writes the same arrays to a file.
+
+    Args:
+        num_samples: rows (default 100_000).
+        n_dense: dense features (default 13).
+        n_fields: categorical fields (default 26).
+        cardinality: int or ``n_fields`` ints, id space per field (default 1000).
+        seed: non-negative int; keys both the data and the shuffle.
+        zipf: Zipf exponent (default 1.1).
+        shuffle: per-epoch permutation of the sample order (default False).
+    """
+
+    def __init__(self, num_samples=100_000, n_dense=13, n_fields=26, cardinality=1000, seed=0,
+                 zipf=1.1, shuffle=False):
+        num_samples = _int(num_samples, "num_samples", 1)
+        n_dense = _int(n_dense, "n_dense", 0)
+        n_fields = _int(n_fields, "n_fields", 1)
+        seed = _int(seed, "seed", 0)
+        sizes = np.asarray(cardinality)
+        if sizes.dtype.kind not in "iu" or sizes.ndim > 1 or (sizes < 1).any() or \
+                (sizes.ndim == 1 and sizes.shape != (n_fields,)):
+            raise ValueError(f"cardinality must be an int >= 1 or {n_fields} such ints, "
+                             f"not {cardinality!r}")
+        label, dense, categorical, cardinality = synthetic.generate_ctr(
+            num_samples, n_dense, n_fields, sizes, seed=seed, zipf=zipf)
+        self.zipf = zipf
+        super().__init__(f"synthetic-ctr(seed={seed})", label, dense, categorical, cardinality,
+                         shuffle, seed)
+
+    def arrays(self):
+        """``(label, dense, categorical)``: the whole in-memory arrays."""
+        return self._label, self._dense, self._categorical

@@ -1,0 +1,167 @@
+"""Language-model readers: an ``hpcpax-lm/1`` file, or a synthetic stream in memory.
+
+Sample ``i`` of a stream with context length ``k`` is ``context =
+tokens[i : i+k]``, ``target = tokens[i+k]``, for ``i`` in ``[0, T-k)``.
+Batches are ``{"context": int64 [B, k], "target": int64 [B]}`` on the host.
+"""
+
+import operator
+import os
+
+import numpy as np
+
+from hpcpax.data import synthetic
+from hpcpax.data.layouts import check_lm, open_h5
+from hpcpax.data.reading import ShardedReader, gather_windows, scan_chunks
+from hpcpax.errors import DataError
+
+__all__ = ["LMDataset", "SyntheticLM"]
+
+
+def _positive_int(value, name, minimum=1):
+    try:
+        value = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name} must be int, not {type(value).__name__}") from None
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, not {value}")
+    return value
+
+
+class _LMReader(ShardedReader):
+    kind = "lm"
+
+    def __init__(self, name, tokens, vocab_size, context, shuffle, seed):
+        self.context = _positive_int(context, "context")
+        self.vocab_size = vocab_size
+        self._tokens = tokens
+        self.num_tokens = len(tokens)
+        if self.num_tokens <= self.context:
+            raise DataError(f"{name}: holds {self.num_tokens} tokens; context {self.context} "
+                            f"needs at least {self.context + 1} for one sample")
+        super().__init__(name, self.num_tokens - self.context, shuffle, seed)
+
+    def _read(self, indices):
+        width = self.context + 1
+        windows = gather_windows(self._tokens, indices, width, self._tokens.dtype.itemsize)
+        windows = windows.astype(np.int64, copy=False)
+        return {"context": np.ascontiguousarray(windows[:, :self.context]),
+                "target": np.ascontiguousarray(windows[:, self.context])}
+
+    def validate(self, vocab_size=None):
+        """Scan every token id (in bounded chunks) and check it is in range.
+
+        Args:
+            vocab_size: optional rows of the model's embedding table; ids must
+                also be below it.
+
+        Returns:
+            dict summary: ``kind``, ``num_tokens``, ``num_samples``, ``vocab_size``, ``max_id``.
+
+        Raises:
+            DataError: a negative id or an id at or above the vocabulary size,
+                naming the file, the position and the bound.
+        """
+        limit = self.vocab_size
+        if vocab_size is not None:
+            limit = min(limit, _positive_int(vocab_size, "vocab_size"))
+        largest = -1
+        with self._reading():
+            for first, block in scan_chunks(self._tokens, self._tokens.dtype.itemsize):
+                low, high = int(block.min()), int(block.max())
+                if low < 0:
+                    where = first + int(np.argmax(block < 0))
+                    raise DataError(f"{self.name}: negative token id {low} "
+                                    f"(first at position {where})")
+                if high >= limit:
+                    where = first + int(np.argmax(block >= limit))
+                    bound = ("the file's vocab_size" if limit == self.vocab_size
+                             else "the given vocab_size")
+                    raise DataError(f"{self.name}: token id {int(block[where - first])} at "
+                                    f"position {where} is not below {bound} {limit}")
+                largest = max(largest, high)
+        return {"kind": "lm", "num_tokens": self.num_tokens, "num_samples": self.num_samples,
+                "vocab_size": self.vocab_size, "max_id": largest}
+
+
+class LMDataset(_LMReader):
+    """Reader of an ``hpcpax-lm/1`` HDF5 file (layout in :mod:`hpcpax.data.layouts`).
+
+    Opening checks metadata only; call :meth:`validate` to scan the ids. Each
+    :meth:`batch` reads only the token windows of the calling shard.
+
+    Args:
+        path: the file.
+        context: tokens of context per sample, >= 1 (default 8).
+        shuffle: visit samples in a per-epoch permutation keyed by
+            ``(seed, epoch)`` (default False: file order).
+        seed: non-negative int keying the shuffle.
+
+    Raises:
+        DataError: missing, unreadable or malformed file, or too few tokens.
+    """
+
+    def __init__(self, path, context=8, shuffle=False, seed=0):
+        name = os.fspath(path)
+        self._file = open_h5(name)
+        try:
+            tokens, vocab_size = check_lm(self._file, name)
+            super().__init__(name, tokens, vocab_size, context, shuffle, seed)
+        except BaseException:
+            self._file.close()
+            raise
+
+    @property
+    def vocab(self):
+        """The vocabulary as a list of str in id order (read on each access)."""
+        with self._reading():
+            return list(self._file["vocab"].asstr()[...])
+
+    def validate(self, vocab_size=None):
+        with self._reading():
+            vocab = self._file["vocab"].asstr()
+            if vocab[0] != "<unk>":
+                raise DataError(f"{self.name}: vocab[0] is {vocab[0]!r}, expected '<unk>'")
+        return super().validate(vocab_size)
+
+    validate.__doc__ = _LMReader.validate.__doc__
+
+    def close(self):
+        self._file.close()
+
+
+class SyntheticLM(_LMReader):
+    """In-memory synthetic token stream with the same interface as :class:`LMDataset`.
+
+    Generated by :func:`hpcpax.data.synthetic.generate_lm` (Zipf marginal with a
+    sparse Markov structure: learnable). ``python -m hpcpax.data synth lm``
+    writes the same stream to a file, so a file reader with the same
+    ``context``/``shuffle``/``seed`` returns identical batches.
+
+    Args:
+        num_tokens: length of the stream (default 200_000).
+        vocab_size: ids including ``<unk>`` = 0, >= 2 (default 1000).
+        context: tokens of context per sample (default 8).
+        seed: non-negative int; keys both the data and the shuffle.
+        zipf: Zipf exponent (default 1.1).
+        shuffle: per-epoch permutation of the sample order (default False).
+    """
+
+    def __init__(self, num_tokens=200_000, vocab_size=1000, context=8, seed=0, zipf=1.1,
+                 shuffle=False):
+        num_tokens = _positive_int(num_tokens, "num_tokens")
+        vocab_size = _positive_int(vocab_size, "vocab_size", minimum=2)
+        seed = _positive_int(seed, "seed", minimum=0)
+        tokens = synthetic.generate_lm(num_tokens, vocab_size, seed=seed, zipf=zipf)
+        self.zipf = zipf
+        super().__init__(f"synthetic-lm(seed={seed})", tokens, vocab_size, context, shuffle,
+                         seed)
+
+    @property
+    def tokens(self):
+        """The whole int32 token stream (it lives in memory anyway)."""
+        return self._tokens
+
+    @property
+    def vocab(self):
+        return synthetic.lm_vocab(self.vocab_size)

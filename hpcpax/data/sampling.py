@@ -1,0 +1,152 @@
+"""Which samples a rank reads at a step: batch geometry and epoch shuffling.
+
+The order is a pure function of ``(step, global_batch, shard, num_shards,
+num_samples, shuffle, seed)``; no reader keeps a position. The global batch of
+step ``s`` is the run of *positions* ``[s*G, (s+1)*G)``; position ``p`` falls
+in epoch ``p // N`` at offset ``p % N`` and names sample ``offset`` (or
+``permutation(seed, epoch)[offset]`` when shuffling). Shard ``r`` of ``n``
+takes the contiguous run ``[s*G + r*G/n, s*G + (r+1)*G/n)`` of positions, so
+concatenating the shards in rank order gives the global batch.
+
+The shuffle is a keyed Feistel network over ``[0, 2**b)`` with cycle walking
+into ``[0, N)``: a bijection that a rank evaluates for its own ``G/n``
+positions only, in ``O(G/n)`` time and memory, however large ``N`` is.
+"""
+
+import operator
+
+import numpy as np
+
+from hpcpax.errors import DataError
+
+__all__ = ["check_geometry", "mix64", "permute", "sample_indices"]
+
+_FEISTEL_ROUNDS = 6
+_TAG_SHUFFLE = 0x5348554646  # "SHUFF": separates shuffle keys from data-generation streams
+
+
+def _as_int(value, name):
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name} must be int, not {type(value).__name__}") from None
+
+
+def mix64(values):
+    """SplitMix64 finalizer: a fast, well-mixed hash of uint64 values (elementwise)."""
+    z = np.asarray(values, dtype=np.uint64) + np.uint64(0x9E3779B97F4A7C15)
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return z ^ (z >> np.uint64(31))
+
+
+def _round_keys(seed, epoch):
+    entropy = [_TAG_SHUFFLE, seed, epoch]
+    return np.random.SeedSequence(entropy).generate_state(_FEISTEL_ROUNDS, dtype=np.uint64)
+
+
+def _feistel(values, keys, half_bits):
+    mask = np.uint64((1 << half_bits) - 1)
+    shift = np.uint64(half_bits)
+    left = values >> shift
+    right = values & mask
+    for key in keys:
+        left, right = right, left ^ (mix64(right ^ key) & mask)
+    return (left << shift) | right
+
+
+def permute(offsets, num_samples, seed, epoch):
+    """Map offsets in ``[0, num_samples)`` through the permutation of ``(seed, epoch)``.
+
+    Args:
+        offsets: int array of offsets inside one epoch.
+        num_samples: size of the permuted range, at least 1.
+        seed: non-negative int.
+        epoch: non-negative int.
+
+    Returns:
+        int64 array, same shape: ``permutation[offsets]``. Over all offsets of
+        ``[0, num_samples)`` the result is a permutation of that range.
+    """
+    offsets = np.asarray(offsets, dtype=np.int64)
+    if num_samples <= 1:
+        return np.zeros_like(offsets)
+    bits = max(2, int(num_samples - 1).bit_length())
+    bits += bits % 2  # a balanced Feistel needs an even bit count; domain stays below 4*N
+    keys = _round_keys(seed, epoch)
+    result = _feistel(offsets.astype(np.uint64), keys, bits // 2)
+    # Cycle walking: re-encrypt values that landed outside [0, N) until inside;
+    # the first in-range element of each orbit keeps the map a bijection.
+    outside = np.flatnonzero(result >= np.uint64(num_samples))
+    while outside.size:
+        result[outside] = _feistel(result[outside], keys, bits // 2)
+        outside = outside[result[outside] >= np.uint64(num_samples)]
+    return result.astype(np.int64)
+
+
+def check_geometry(step, global_batch, shard, num_shards, num_samples, name):
+    """Check a batch request and return the local batch size ``global_batch // num_shards``.
+
+    Raises:
+        TypeError: an argument is not an int.
+        DataError: negative step, shard outside ``[0, num_shards)``, a global
+            batch that does not split evenly, an empty shard, or a data set with
+            fewer samples than one global batch. The message names ``name``.
+    """
+    step = _as_int(step, "step")
+    global_batch = _as_int(global_batch, "global_batch")
+    shard = _as_int(shard, "shard")
+    num_shards = _as_int(num_shards, "num_shards")
+    if step < 0:
+        raise DataError(f"{name}: step must be >= 0, not {step}")
+    if num_shards < 1:
+        raise DataError(f"{name}: num_shards must be >= 1, not {num_shards}")
+    if not 0 <= shard < num_shards:
+        raise DataError(f"{name}: shard must be in [0, {num_shards}), not {shard}")
+    if global_batch < 0:
+        raise DataError(f"{name}: global_batch must be >= 0, not {global_batch}")
+    if global_batch % num_shards:
+        raise DataError(
+            f"{name}: global batch {global_batch} does not divide evenly "
+            f"by num_shards {num_shards}"
+        )
+    if global_batch == 0:
+        raise DataError(
+            f"{name}: global batch 0 over {num_shards} shard(s) leaves shard {shard} empty"
+        )
+    if num_samples < global_batch:
+        raise DataError(
+            f"{name}: holds {num_samples} samples, fewer than one global batch "
+            f"of {global_batch}; shards would repeat samples within a step"
+        )
+    return global_batch // num_shards
+
+
+def sample_indices(step, global_batch, shard, num_shards, num_samples, shuffle=False, seed=0,
+                   name="data"):
+    """Indices of the samples that ``shard`` of ``num_shards`` reads at ``step``.
+
+    Not collective: every rank computes its own slice from the arguments alone.
+
+    Returns:
+        int64 array of ``global_batch // num_shards`` sample indices, in batch
+        order (not sorted when ``shuffle`` is on).
+    """
+    local = check_geometry(step, global_batch, shard, num_shards, num_samples, name)
+    seed = _as_int(seed, "seed")
+    if seed < 0:
+        raise DataError(f"{name}: seed must be >= 0, not {seed}")
+    first = step * global_batch + shard * local  # Python int: no overflow at any step
+    if first + local >= 2**62:
+        raise DataError(f"{name}: step {step} is too large for int64 positions")
+    positions = first + np.arange(local, dtype=np.int64)
+    epochs = positions // num_samples
+    offsets = positions - epochs * num_samples
+    if not shuffle:
+        return offsets
+    result = np.empty_like(offsets)
+    # A local batch spans at most two epochs (G <= N), each with its own permutation.
+    for epoch in np.unique(epochs):
+        in_epoch = epochs == epoch
+        result[in_epoch] = permute(offsets[in_epoch], num_samples, seed, int(epoch))
+    return result

@@ -1,0 +1,192 @@
+"""The ctr model: gradients by finite differences, hashing, sharding, training."""
+
+import numpy as np
+import pytest
+
+from hpcpax.errors import ConfigError
+from hpcpax.models import CTRModel
+from hpcpax.models.layers import sigmoid, softplus
+
+STEP = 2
+
+
+def small_model(**flags):
+    sizes = dict(n_dense=4, n_fields=3, table_rows=(7, 11, 5), emb_dim=3, bottom=(5, 3), top=(6,),
+                 seed=1, dtype="float64")
+    sizes.update(flags)
+    return CTRModel(**sizes)
+
+
+def full_tables(model, seed=12):
+    rng = np.random.default_rng(seed)
+    return {spec.name: rng.uniform(-0.8, 0.8, size=(spec.rows, spec.dim)) for spec in model.sparse_specs()}
+
+
+def pull(model, tables, batch, step):
+    needed = model.sparse_ids(batch, step)
+    rows = {}
+    for name, table in tables.items():
+        ids = np.unique(np.concatenate([needed[name], [0]]))  # row 0 may be unused: a superset
+        rows[name] = (ids, table[ids].copy())
+    return rows
+
+
+def dedup(model, sparse_grads):
+    out = {}
+    for spec in model.sparse_specs():
+        indices, values = sparse_grads[spec.name]
+        total = np.zeros((spec.rows, spec.dim))
+        np.add.at(total, indices, values)
+        out[spec.name] = total
+    return out
+
+
+def reference_logits(model, dense, tables, batch):
+    """Plain per-example NumPy forward, written independently of the model."""
+    logits = []
+    for features, ids in zip(batch["dense"], batch["categorical"]):
+        hidden = features
+        for i in range(len(model.bottom)):
+            hidden = np.maximum(hidden @ dense[f"bottom_{i}_weight"] + dense[f"bottom_{i}_bias"], 0)
+        vectors = [hidden] + [tables[f"emb_{i}"][ids[i] % model.table_rows[i]] for i in range(model.n_fields)]
+        pairs = [vectors[i] @ vectors[j] for i in range(len(vectors)) for j in range(i + 1, len(vectors))]
+        top = np.concatenate([hidden, pairs])
+        for i in range(len(model.top)):
+            top = np.maximum(top @ dense[f"top_{i}_weight"] + dense[f"top_{i}_bias"], 0)
+        logits.append((top @ dense["output_weight"] + dense["output_bias"])[0])
+    return np.array(logits)
+
+
+def test_forward_matches_reference_and_ids_are_hashed():
+    model = small_model()
+    batch = model.example_batch(9, seed=3)
+    batch["categorical"][0, 1] = -4  # negative raw ids hash into range too
+    ids = model.sparse_ids(batch, STEP)
+    for i, rows in enumerate(model.table_rows):
+        np.testing.assert_array_equal(ids[f"emb_{i}"], batch["categorical"][:, i] % rows)
+        assert ids[f"emb_{i}"].min() >= 0 and ids[f"emb_{i}"].max() < rows
+    dense = model.init_dense()
+    tables = full_tables(model)
+    rows = pull(model, tables, batch, STEP)
+    logits = reference_logits(model, dense, tables, batch)
+    np.testing.assert_allclose(model.predict(dense, rows, batch), logits, rtol=1e-12)
+    expected = np.mean(np.logaddexp(0, logits) - batch["label"] * logits)
+    assert model.forward_backward(dense, rows, batch, STEP).loss == pytest.approx(expected, rel=1e-12)
+
+
+def test_finite_difference_dense_and_sparse():
+    model = small_model()
+    batch = model.example_batch(8, seed=4)
+    dense = model.init_dense()
+    # Non-zero biases so the ReLU kinks sit away from exact zeros.
+    rng = np.random.default_rng(0)
+    for name in dense:
+        if name.endswith("_bias"):
+            dense[name] += rng.uniform(0.05, 0.2, size=dense[name].shape)
+    rows = pull(model, full_tables(model), batch, STEP)
+    result = model.forward_backward(dense, rows, batch, STEP)
+    assert set(result.dense_grads) == set(dense)
+    eps = 1e-6
+
+    def loss_now():
+        return model.forward_backward(dense, rows, batch, STEP).loss
+
+    for name, param in dense.items():
+        assert result.dense_grads[name].shape == param.shape
+        for flat in rng.choice(param.size, size=min(4, param.size), replace=False):
+            index = np.unravel_index(flat, param.shape)
+            keep = param[index]
+            param[index] = keep + eps
+            up = loss_now()
+            param[index] = keep - eps
+            down = loss_now()
+            param[index] = keep
+            assert (up - down) / (2 * eps) == pytest.approx(result.dense_grads[name][index], rel=1e-6, abs=1e-9)
+
+    summed = dedup(model, result.sparse_grads)
+    for name, (ids, table_rows) in rows.items():
+        for position in range(len(ids)):
+            column = rng.integers(table_rows.shape[1])
+            keep = table_rows[position, column]
+            table_rows[position, column] = keep + eps
+            up = loss_now()
+            table_rows[position, column] = keep - eps
+            down = loss_now()
+            table_rows[position, column] = keep
+            expected = summed[name][ids[position], column]
+            assert (up - down) / (2 * eps) == pytest.approx(expected, rel=1e-6, abs=1e-9)
+
+
+def test_two_half_batches_average_to_full_batch_and_determinism():
+    model = small_model()
+    batch = model.example_batch(10, seed=5)
+    dense = model.init_dense()
+    rows = pull(model, full_tables(model), batch, STEP)
+    full = model.forward_backward(dense, rows, batch, STEP)
+    again = small_model().forward_backward(small_model().init_dense(), rows, batch, STEP)
+    assert again.loss == full.loss
+    halves = [
+        model.forward_backward(dense, rows, {key: value[part] for key, value in batch.items()}, STEP)
+        for part in (slice(0, 5), slice(5, 10))
+    ]
+    assert np.mean([half.loss for half in halves]) == pytest.approx(full.loss, abs=1e-12)
+    for name in dense:
+        mean = (halves[0].dense_grads[name] + halves[1].dense_grads[name]) / 2
+        np.testing.assert_allclose(mean, full.dense_grads[name], rtol=0, atol=1e-10)
+    full_sparse = dedup(model, full.sparse_grads)
+    half_sparse = [dedup(model, half.sparse_grads) for half in halves]
+    for name in full_sparse:
+        np.testing.assert_allclose((half_sparse[0][name] + half_sparse[1][name]) / 2, full_sparse[name],
+                                   rtol=0, atol=1e-10)
+
+
+def test_logistic_loss_is_stable_for_huge_logits():
+    logits = np.array([-800.0, -30.0, 0.0, 30.0, 800.0])
+    np.testing.assert_allclose(softplus(np, logits), np.logaddexp(0, logits), rtol=1e-12)
+    np.testing.assert_allclose(sigmoid(np, logits), [0.0, 1 / (1 + np.exp(30)), 0.5, 1 / (1 + np.exp(-30)), 1.0])
+    assert np.all(np.isfinite(sigmoid(np, logits)))
+
+
+def test_sgd_training_lowers_loss_and_raises_auc():
+    model = small_model(n_dense=6, n_fields=3, table_rows=20, emb_dim=4, bottom=(8, 4), top=(8,))
+    batch = model.example_batch(64, seed=6)
+    dense = model.init_dense()
+    rng = np.random.default_rng(0)
+    tables = {spec.name: rng.uniform(-spec.init_scale, spec.init_scale, (spec.rows, spec.dim))
+              for spec in model.sparse_specs()}
+    before = model.evaluate(dense, pull(model, tables, batch, 0), batch, 0)
+    for step in range(60):
+        result = model.forward_backward(dense, pull(model, tables, batch, step), batch, step)
+        for name, grad in result.dense_grads.items():
+            dense[name] -= 0.3 * grad
+        for name, summed in dedup(model, result.sparse_grads).items():
+            tables[name] -= 0.3 * summed
+    after = model.evaluate(dense, pull(model, tables, batch, 0), batch, 0)
+    assert after["loss"] < 0.7 * before["loss"]
+    assert after["auc"] > max(before["auc"], 0.85)
+
+
+def test_float32_is_kept():
+    model = small_model(dtype="float32")
+    batch = model.example_batch(5)
+    dense = model.init_dense()
+    tables = {name: table.astype(np.float32) for name, table in full_tables(model).items()}
+    result = model.forward_backward(dense, pull(model, tables, batch, STEP), batch, STEP)
+    assert all(value.dtype == np.float32 for value in dense.values())
+    assert all(grad.dtype == np.float32 for grad in result.dense_grads.values())
+    assert all(values.dtype == np.float32 and indices.dtype == np.int64
+               for indices, values in result.sparse_grads.values())
+
+
+def test_bad_flags():
+    with pytest.raises(ConfigError, match="last bottom width must equal emb_dim"):
+        small_model(bottom=(5, 4))
+    with pytest.raises(ConfigError, match="table_rows must be one int or 3 ints"):
+        small_model(table_rows=(5, 5))
+    with pytest.raises(ConfigError, match="table_rows must be positive"):
+        small_model(table_rows=0)
+    assert small_model(table_rows=9).table_rows == (9, 9, 9)
+    model = small_model()
+    batch = model.example_batch(4)
+    with pytest.raises(ValueError, match=r"batch\['dense'\] must be"):
+        model.sparse_ids({"dense": batch["dense"][:, :2], "categorical": batch["categorical"]}, STEP)
