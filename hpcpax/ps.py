@@ -47,7 +47,9 @@ __all__ = ["SparseVariableSpec", "ParameterServer", "assign_partitions"]
 OP_REGISTER, OP_PULL, OP_PUSH, OP_SHUTDOWN, OP_EXPORT, OP_REPARTITION, OP_IMPORT = range(1, 8)
 _OP_NAMES = {OP_REGISTER: "register", OP_PULL: "pull", OP_PUSH: "push", OP_SHUTDOWN: "shutdown",
              OP_EXPORT: "export", OP_REPARTITION: "repartition", OP_IMPORT: "import"}
-STATUS_OK, STATUS_BAD_INPUT, STATUS_NONFINITE = 0, 1, 2
+STATUS_OK, STATUS_BAD_INDEX, STATUS_NONFINITE, STATUS_BAD_TYPE, STATUS_BAD_VALUE = range(5)
+_STATUS_ERRORS = {STATUS_BAD_INDEX: SparseIndexError, STATUS_NONFINITE: NonFiniteError,
+                  STATUS_BAD_TYPE: TypeError, STATUS_BAD_VALUE: ValueError}
 _HEADER = 4  # op, variable index, status, argument
 
 
@@ -240,23 +242,30 @@ class ParameterServer:
         return workers
 
     def _check_status(self, workers, var_name, op_name, error=None):
-        """Raise on every worker if any worker reported bad input."""
-        bad = [r for r, h in zip(self.topology.worker_ranks, workers) if h[2] != STATUS_OK]
+        """Raise on every worker if any worker reported bad input.
+
+        **Collective** on the error path only: the first offender's message
+        is broadcast so every rank's error names the variable and the value.
+        Returns True when the operation is to be skipped (servers, or the
+        ``nonfinite="skip"`` policy), False when it goes ahead.
+        """
+        statuses = workers[:, 2]
+        bad = [r for r, st in zip(self.topology.worker_ranks, statuses) if st != STATUS_OK]
         if not bad:
             return False
-        if all(workers[self.topology.worker_ranks.index(r)][2] == STATUS_NONFINITE for r in bad) \
-                and self.nonfinite == "skip":
+        if self.nonfinite == "skip" and all(st in (STATUS_OK, STATUS_NONFINITE) for st in statuses):
             self.skipped_pushes += 1
             return True
+        message = self.topology.comm.bcast(str(error) if self.topology.rank == bad[0] else None,
+                                           root=bad[0])
         if self.topology.is_server:
             return True
         if error is not None:
             raise error
-        kind = {STATUS_BAD_INPUT: "bad input", STATUS_NONFINITE: "a non-finite gradient"}
-        status = workers[self.topology.worker_ranks.index(bad[0])][2]
-        cls = NonFiniteError if status == STATUS_NONFINITE else SparseIndexError
-        raise cls(f"{op_name} of {var_name!r} refused on every rank: rank {bad[0]} "
-                  f"sent {kind[int(status)]} (ranks with bad input: {bad})")
+        status = int(statuses[self.topology.worker_ranks.index(bad[0])])
+        raise _STATUS_ERRORS[status](f"{op_name} of {var_name!r} refused on every rank: rank "
+                                     f"{bad[0]} sent bad input ({message}); ranks with bad "
+                                     f"input: {bad}")
 
     # ------------------------------------------------------------ register
     def register(self, specs) -> None:
@@ -326,7 +335,7 @@ class ParameterServer:
             check_indices(name, unique, var.spec.rows)
         except SparseIndexError as exc:
             error = exc
-        workers = self._header(OP_PULL, var.index, STATUS_BAD_INPUT if error else STATUS_OK)
+        workers = self._header(OP_PULL, var.index, _status_of(error))
         self._check_status(workers, name, "pull", error)
         return self._pull_collective(var, unique)
 
@@ -374,7 +383,7 @@ class ParameterServer:
             NonFiniteError: NaN/Inf with ``nonfinite="raise"``.
         """
         var = self._var(name)
-        error, status = None, STATUS_OK
+        error = None
         try:
             if not isinstance(grad, SparseGrad):
                 raise TypeError(f"{name}: push needs a SparseGrad, not {type(grad).__name__}")
@@ -386,12 +395,11 @@ class ParameterServer:
                                                         copy=False), grad.values)
             ids, values = to_host(ids), to_host(values)
             if not np.isfinite(values).all():
-                status = STATUS_NONFINITE
-                error = NonFiniteError(f"{name}: gradient holds NaN or Inf "
-                                       f"(set nonfinite='skip' to skip such steps)")
-        except (TypeError, ValueError) as exc:
-            error, status = exc, STATUS_BAD_INPUT
-        workers = self._header(OP_PUSH, var.index, status)
+                raise NonFiniteError(f"{name}: gradient holds NaN or Inf "
+                                     f"(set nonfinite='skip' to skip such steps)")
+        except (TypeError, ValueError, FloatingPointError) as exc:
+            error = exc
+        workers = self._header(OP_PUSH, var.index, _status_of(error))
         if self._check_status(workers, name, "push", error):
             return False
         return self._push_collective(var, ids, values)
@@ -520,6 +528,16 @@ class ParameterServer:
         """Release the server ranks from :meth:`serve`. **Collective** on workers."""
         if self.topology.is_worker:
             self._header(OP_SHUTDOWN)
+
+
+def _status_of(error) -> int:
+    """Header status code of a local validation error (0 when none)."""
+    if error is None:
+        return STATUS_OK
+    for status, cls in _STATUS_ERRORS.items():
+        if isinstance(error, cls):
+            return status
+    return STATUS_BAD_VALUE
 
 
 def _unsort(values, order):
