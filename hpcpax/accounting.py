@@ -57,9 +57,59 @@ class Accounting:
         self.reset()
 
     def reset(self) -> None:
-        """Set every counter to zero."""
+        """Set every counter to zero (registered groups stay registered)."""
         self._phases = defaultdict(_zero)
         self._variables = defaultdict(_zero)
+        for group in getattr(self, "_groups", []):
+            group[3] = 0
+        if not hasattr(self, "_groups"):
+            self._groups = []
+
+    def add_group(self, phase, names, **per_variable) -> int:
+        """Register a fixed transfer repeated every step, for O(1) recording.
+
+        A fused allreduce moves the same bytes of the same thousand tensors
+        every step; recording each tensor each step would cost more than the
+        transfer. Register the per-variable byte counts once here, then call
+        :meth:`record_group` once per step.
+
+        Args:
+            phase: phase name.
+            names: variable names.
+            per_variable: for some fields of :data:`FIELDS` (bytes fields),
+                one integer per name.
+
+        Returns:
+            A handle for :meth:`record_group`.
+        """
+        arrays = {k: np.asarray(v, np.int64) for k, v in per_variable.items()}
+        for k, v in arrays.items():
+            if k not in FIELDS or len(v) != len(names):
+                raise ValueError(f"{k} must be a field with one value per name")
+        self._groups.append([phase, list(names), arrays, 0])
+        return len(self._groups) - 1
+
+    def record_group(self, handle: int, seconds=0.0) -> None:
+        """Count one more occurrence of group ``handle`` (and its seconds)."""
+        phase, _, arrays, _ = self._groups[handle]
+        self._groups[handle][3] += 1
+        entry = self._phases[phase]
+        for k, v in arrays.items():
+            entry[k] += int(v.sum())
+        entry["seconds"] += float(seconds)
+        entry["calls"] += 1
+
+    def _variables_with_groups(self):
+        table = defaultdict(_zero, {k: dict(v) for k, v in self._variables.items()})
+        for _, names, arrays, count in self._groups:
+            if count == 0:
+                continue
+            for i, name in enumerate(names):
+                entry = table[name]
+                for k, v in arrays.items():
+                    entry[k] += int(v[i]) * count
+                entry["calls"] += count
+        return table
 
     def _add(self, phase, variable, **fields):
         for table, key in ((self._phases, phase), (self._variables, variable)):
@@ -139,7 +189,7 @@ class Accounting:
 
     def variable(self, name) -> dict:
         """Counters of one variable (zeros if it never moved)."""
-        return dict(self._variables.get(name, _zero()))
+        return dict(self._variables_with_groups().get(name, _zero()))
 
     def totals(self) -> dict:
         """Counters summed over all phases."""
@@ -153,7 +203,7 @@ class Accounting:
         """``{"phases": {...}, "variables": {...}, "total": {...}}``, JSON-ready."""
         return {
             "phases": {k: dict(v) for k, v in sorted(self._phases.items())},
-            "variables": {k: dict(v) for k, v in sorted(self._variables.items())},
+            "variables": {k: dict(v) for k, v in sorted(self._variables_with_groups().items())},
             "total": self.totals(),
         }
 

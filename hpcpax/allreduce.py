@@ -41,6 +41,7 @@ from collections import deque
 
 import numpy as np
 
+from .accounting import ring_allreduce_bytes
 from .backend import array_module, is_device_array
 from .consistency import check_same
 from .errors import ConfigError
@@ -149,6 +150,11 @@ def _parse_tensors(tensors):
     return names, shapes, dtypes
 
 
+#: Default of ``DenseAllreduce(direct_bytes=...)``: tensors this large are
+#: reduced in place instead of packed (latency is already amortized there).
+DIRECT_BYTES = 256 << 10
+
+
 class DenseAllreduce:
     """Fused, pipelined allreduce of a fixed list of dense tensors over the workers.
 
@@ -175,6 +181,9 @@ class DenseAllreduce:
         fabric: a measured :class:`~hpcpax.fabric.Fabric` giving the bucket size.
         max_in_flight: fusion buffers reducing at once; MPICH progresses many
             outstanding nonblocking collectives slowly, so keep it small.
+        direct_bytes: a tensor at least this large (and exact on the wire) is
+            reduced in place as its own bucket: it is already big enough for
+            full bandwidth, and packing it would cost two extra memory passes.
 
     Raises:
         TypeError, ValueError, ConfigError: bad arguments (before any communication).
@@ -183,7 +192,7 @@ class DenseAllreduce:
 
     def __init__(self, topology_or_comm, tensors, *, op="mean", bucket_bytes=None,
                  wire_dtype=None, hierarchical=False, accounting=None, fabric=None,
-                 max_in_flight=2):
+                 max_in_flight=2, direct_bytes=DIRECT_BYTES):
         if op not in ("mean", "sum"):
             raise ValueError(f"op must be 'mean' or 'sum', not {op!r}")
         if wire_dtype is not None and wire_dtype not in WIRE_DTYPES:
@@ -206,6 +215,7 @@ class DenseAllreduce:
         self.sizes = [int(np.prod(s, dtype=np.int64)) for s in shapes]
         self.op, self.wire_dtype, self.hierarchical = op, wire_dtype, hierarchical
         self.max_in_flight = max_in_flight
+        self.direct_bytes = int(direct_bytes)
         self._list_registered = not isinstance(tensors, dict)
 
         check_same(self.comm, "dense allreduce options", {
@@ -226,6 +236,7 @@ class DenseAllreduce:
         self.bucket_bytes = int(bucket_bytes)
         self._build_buckets()
         self._account = self._bytes_per_tensor()
+        self._account_group = None
         self._buffers = {}
         self._pending = None
 
@@ -273,13 +284,17 @@ class DenseAllreduce:
                 continue
             reduced = self.wire_dtype is not None and dtype.kind == "f"
             wire = np.dtype(np.uint16) if reduced else dtype
+            if not reduced and size * dtype.itemsize >= self.direct_bytes:
+                buckets.append({"wire": wire, "reduced": False, "elements": size,
+                                "members": [(index, 0, size)], "first": index, "direct": True})
+                continue
             key = "wire" if reduced else dtype.name
             bucket = open_buckets.get(key)
             if bucket is not None and (bucket["elements"] + size) * wire.itemsize > self.bucket_bytes:
                 bucket = None
             if bucket is None:
                 bucket = {"wire": wire, "reduced": reduced, "elements": 0, "members": [],
-                          "first": index}
+                          "first": index, "direct": False}
                 open_buckets[key] = bucket
                 buckets.append(bucket)
             bucket["members"].append((index, bucket["elements"], size))
@@ -306,15 +321,7 @@ class DenseAllreduce:
         n, me = len(self.world_ranks), self.my_world_rank
 
         def ring(ranks, nbytes):
-            count = len(ranks)
-            if count < 2:
-                return 0, 0, 0, 0
-            i = ranks.index(me)
-            share = (2 * (count - 1) * nbytes) // count
-            succ, pred = ranks[(i + 1) % count], ranks[(i - 1) % count]
-            mine = self.node_of[me]
-            return (share, share, share if self.node_of[succ] != mine else 0,
-                    share if self.node_of[pred] != mine else 0)
+            return ring_allreduce_bytes(self.node_of, list(ranks), me, nbytes)
 
         out = []
         for name, dtype, size in zip(self.names, self.dtypes, self.sizes):
@@ -372,12 +379,23 @@ class DenseAllreduce:
         if key not in self._buffers:
             buffers, views = [], []
             for bucket in self._buckets:
+                if bucket["direct"]:
+                    buffers.append(None)
+                    views.append(None)
+                    continue
                 buffer = xp.empty(bucket["elements"], bucket["wire"])
                 buffers.append(buffer)
                 views.append([buffer[offset:offset + size].reshape(self.shapes[index])
                               for index, offset, size in bucket["members"]])
             self._buffers[key] = (buffers, views)
         return self._buffers[key]
+
+    def _direct_buffer(self, bucket, arrays, xp):
+        """The tensor itself as a flat buffer, or a contiguous copy of it."""
+        array = arrays[bucket["members"][0][0]]
+        if not array.flags.c_contiguous:
+            array = xp.ascontiguousarray(array)  # copied back in _unpack
+        return array.reshape(-1)
 
     def _pack(self, bucket, buffer, views, arrays, xp):
         members = bucket["members"]
@@ -396,6 +414,16 @@ class DenseAllreduce:
 
     def _unpack(self, bucket, buffer, views, arrays, xp):
         divide = self.op == "mean" and self.num_workers > 1
+        if bucket["direct"]:
+            target = arrays[bucket["members"][0][0]]
+            if divide:
+                buffer /= self.num_workers
+            if not xp.shares_memory(buffer, target):
+                xp.copyto(target, buffer.reshape(target.shape))
+            return
+        if divide and not bucket["reduced"]:
+            buffer /= self.num_workers  # once per bucket, not once per tensor
+            divide = False
         for (index, _, _), view in zip(bucket["members"], views):
             if bucket["reduced"]:
                 view = (view.view(xp.float16) if self.wire_dtype == "float16"
@@ -438,7 +466,10 @@ class DenseAllreduce:
         buffers, views = self._bucket_buffers(xp, on_device)
         in_flight = deque()
         for bucket, buffer, bucket_views in zip(self._buckets, buffers, views):
-            self._pack(bucket, buffer, bucket_views, arrays, xp)
+            if bucket["direct"]:
+                buffer = self._direct_buffer(bucket, arrays, xp)
+            else:
+                self._pack(bucket, buffer, bucket_views, arrays, xp)
             in_flight.append((bucket, buffer, bucket_views,
                               self._issue(bucket, buffer, transport)))
             if len(in_flight) > self.max_in_flight:
@@ -462,10 +493,15 @@ class DenseAllreduce:
             self._complete(in_flight.popleft(), transport, arrays, xp)
         seconds = self._seconds + time.perf_counter() - begin
         if self.accounting is not None:
-            for name, sent, recv, sent_inter, recv_inter in self._account:
-                self.accounting.record_bytes("dense", name, sent=sent, recv=recv,
-                                             sent_inter=sent_inter, recv_inter=recv_inter)
-            self.accounting.record_seconds("dense", None, seconds)
+            if self._account_group is None:
+                names, sent, recv, sent_inter, recv_inter = zip(*self._account) \
+                    if self._account else ((),) * 5
+                self._account_group = self.accounting.add_group(
+                    "dense", names, sent_bytes=sent, recv_bytes=recv,
+                    sent_inter_bytes=sent_inter, recv_inter_bytes=recv_inter,
+                    sent_intra_bytes=[a - b for a, b in zip(sent, sent_inter)],
+                    recv_intra_bytes=[a - b for a, b in zip(recv, recv_inter)])
+            self.accounting.record_group(self._account_group, seconds)
         return grads
 
     def allreduce(self, grads):

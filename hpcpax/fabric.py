@@ -152,6 +152,19 @@ def _link(comm, node_of, want_same_node, budget_s):
     return comm.bcast(model, root=0)
 
 
+def _pipelined_allreduce(comm, buf, bucket_elems, in_flight=2):
+    """Allreduce ``buf`` in buckets with at most ``in_flight`` outstanding."""
+    from mpi4py import MPI
+
+    requests = []
+    for offset in range(0, buf.size, bucket_elems):
+        view = buf[offset:offset + bucket_elems]
+        requests.append(comm.Iallreduce(MPI.IN_PLACE, view))
+        if len(requests) >= in_flight:
+            requests.pop(0).Wait()
+    MPI.Request.Waitall(requests)
+
+
 def autotune_bucket_bytes(comm, candidates=BUCKET_CANDIDATES, budget_s=0.3) -> int:
     """Fusion size with the highest ``Allreduce`` bandwidth over ``comm``.
 
@@ -179,24 +192,26 @@ def autotune_bucket_bytes(comm, candidates=BUCKET_CANDIDATES, budget_s=0.3) -> i
     world.Free()
     if key in _BUCKET_CACHE:
         return _BUCKET_CACHE[key]
-    per_size = budget_s / len(candidates)
-    best, best_bandwidth = DEFAULT_BUCKET_BYTES, 0.0
-    for size in candidates:
-        buf = np.zeros(size // 4, np.float32)
-        comm.Allreduce(MPI.IN_PLACE, buf)  # warm-up
-        # same number of calls on every rank: rank 0 decides from one timed call
-        start = time.perf_counter()
-        comm.Allreduce(MPI.IN_PLACE, buf)
-        one = comm.bcast(time.perf_counter() - start, root=0)
-        repeats = int(min(max(per_size / max(one, 1e-7), 2), 50))
-        comm.Barrier()
-        start = time.perf_counter()
-        for _ in range(repeats):
-            comm.Allreduce(MPI.IN_PLACE, buf)
-        elapsed = comm.allreduce(time.perf_counter() - start, op=MPI.MAX)
-        bandwidth = size * repeats / elapsed
-        if bandwidth > best_bandwidth:
-            best, best_bandwidth = size, bandwidth
+    # Time the engine's own pattern: a fixed total cut into buckets of each
+    # candidate size, pipelined two in flight, candidates interleaved over
+    # rounds and judged by their median, so a burst of noise on a shared
+    # machine cannot crown one size.
+    total = max(candidates) * 2
+    buf = np.zeros(total // 4, np.float32)
+    comm.Allreduce(MPI.IN_PLACE, buf)  # warm-up: page in, set up the channels
+    rounds = 3
+    seconds = {size: [] for size in candidates}
+    deadline = time.perf_counter() + budget_s
+    for round_index in range(rounds):
+        for size in candidates:
+            comm.Barrier()
+            start = time.perf_counter()
+            _pipelined_allreduce(comm, buf, size // 4)
+            seconds[size].append(comm.allreduce(time.perf_counter() - start, op=MPI.MAX))
+        # same decision on every rank: rank 0's clock
+        if round_index and comm.bcast(time.perf_counter() > deadline, root=0):
+            break
+    best = min(candidates, key=lambda size: (float(np.median(seconds[size])), size))
     best = comm.bcast(best, root=0)
     _BUCKET_CACHE[key] = best
     return best
