@@ -1,0 +1,258 @@
+"""Numba CPU kernels of the sparse ops (imported lazily by ``_numba``).
+
+Every kernel does the same floating-point operations in the same order as
+the NumPy reference of its op, so results are bit-equal; parallel loops are
+split by output row, never by summand, so results do not depend on the
+number of threads. No ``fastmath``: it would allow reassociation and FMA.
+"""
+
+from __future__ import annotations
+
+import numba as nb
+import numpy as np
+from numba import prange
+
+# Counting-table path when the id span is at most this many times the input.
+DENSE_SPAN_FACTOR = 8
+DENSE_SPAN_LIMIT = 1 << 28
+
+
+@nb.njit(cache=True, nogil=True)
+def min_max(ids):
+    low = ids[0]
+    high = ids[0]
+    for i in range(1, ids.size):
+        v = ids[i]
+        if v < low:
+            low = v
+        if v > high:
+            high = v
+    return low, high
+
+
+@nb.njit(cache=True, nogil=True)
+def dense_unique(ids, low, span):
+    """Sorted unique ids, inverse and counts via a counting table of ``span``.
+
+    The table is int32 (half the cache footprint); callers keep ``ids.size``
+    below 2**31.
+    """
+    slot = np.zeros(span, np.int32)
+    n = ids.size
+    for i in range(n):
+        slot[ids[i] - low] += 1
+    n_unique = 0
+    for k in range(span):
+        if slot[k] != 0:
+            n_unique += 1
+    unique = np.empty(n_unique, np.int64)
+    counts = np.empty(n_unique, np.int64)
+    u = 0
+    for k in range(span):
+        c = slot[k]
+        if c != 0:
+            unique[u] = k + low
+            counts[u] = c
+            slot[k] = u
+            u += 1
+    inverse = np.empty(n, np.int64)
+    for i in range(n):
+        inverse[i] = slot[ids[i] - low]
+    return unique, inverse, counts
+
+
+@nb.njit(cache=True, nogil=True)
+def balanced_bounds(counts, num_chunks):
+    """Split slots into ``num_chunks`` runs of nearly equal summand counts."""
+    n_unique = counts.size
+    total = 0
+    for s in range(n_unique):
+        total += counts[s]
+    bounds = np.empty(num_chunks + 1, np.int64)
+    bounds[0] = 0
+    s = 0
+    seen = 0
+    for t in range(1, num_chunks):
+        target = (total * t) // num_chunks
+        while s < n_unique and seen < target:
+            seen += counts[s]
+            s += 1
+        bounds[t] = s
+    bounds[num_chunks] = n_unique
+    return bounds
+
+
+@nb.njit(cache=True, nogil=True)
+def chunk_buckets(inverse, bounds):
+    """Positions grouped by the chunk owning their slot, increasing in each.
+
+    ``positions[starts[t]:starts[t+1]]`` are the input rows whose slot lies in
+    ``[bounds[t], bounds[t+1])``; a stable counting sort with few buckets,
+    so its writes stream.
+    """
+    num_chunks = bounds.size - 1
+    n_unique = bounds[num_chunks]
+    owner = np.empty(n_unique, np.int32)
+    for t in range(num_chunks):
+        for s in range(bounds[t], bounds[t + 1]):
+            owner[s] = t
+    starts = np.zeros(num_chunks + 1, np.int64)
+    for i in range(inverse.size):
+        starts[owner[inverse[i]] + 1] += 1
+    for t in range(num_chunks):
+        starts[t + 1] += starts[t]
+    cursor = starts[:-1].copy()
+    positions = np.empty(inverse.size, np.int64)
+    for i in range(inverse.size):
+        t = owner[inverse[i]]
+        positions[cursor[t]] = i
+        cursor[t] += 1
+    return positions, starts
+
+
+@nb.njit(cache=True, nogil=True, parallel=True)
+def bucket_sum(values, inverse, positions, starts, bounds):
+    """``out[s] = ((0 + v_a) + v_b) + ...`` over rows of slot s in input order.
+
+    Each chunk owns a slot range and walks its rows in increasing position,
+    so reads of ``values`` stream and every slot is summed in order.
+    """
+    n_unique = bounds[bounds.size - 1]
+    dim = values.shape[1]
+    out = np.empty((n_unique, dim), values.dtype)
+    for t in prange(bounds.size - 1):
+        for s in range(bounds[t], bounds[t + 1]):
+            for c in range(dim):
+                out[s, c] = 0
+        for k in range(starts[t], starts[t + 1]):
+            i = positions[k]
+            s = inverse[i]
+            for c in range(dim):
+                out[s, c] += values[i, c]
+    return out
+
+
+@nb.njit(cache=True, nogil=True, parallel=True)
+def gather_rows(table, ids, out):
+    dim = table.shape[1]
+    for k in prange(ids.size):
+        r = ids[k]
+        for c in range(dim):
+            out[k, c] = table[r, c]
+
+
+@nb.njit(cache=True, nogil=True)
+def scatter_add_serial(table, ids, values):
+    dim = table.shape[1]
+    for k in range(ids.size):
+        r = ids[k]
+        for c in range(dim):
+            table[r, c] += values[k, c]
+
+
+@nb.njit(cache=True, nogil=True, parallel=True)
+def bucket_scatter_add(table, unique, values, inverse, positions, starts, bounds):
+    """``table[unique[s]] += values[i]`` for the rows i of slot s, in order."""
+    dim = table.shape[1]
+    for t in prange(bounds.size - 1):
+        for k in range(starts[t], starts[t + 1]):
+            i = positions[k]
+            r = unique[inverse[i]]
+            for c in range(dim):
+                table[r, c] += values[i, c]
+
+
+@nb.njit(cache=True, nogil=True)
+def part_of(row, kind_is_range, num_parts, base, remainder):
+    if not kind_is_range:
+        return row % num_parts
+    boundary = remainder * (base + 1)
+    if row < boundary:
+        return row // (base + 1)
+    return remainder + (row - boundary) // base
+
+
+@nb.njit(cache=True, nogil=True, parallel=True)
+def partition_pack(ids, values, kind_is_range, num_parts, base, remainder, num_chunks):
+    """Stable counting sort of rows by destination partition."""
+    n = ids.size
+    dim = values.shape[1]
+    chunk = (n + num_chunks - 1) // num_chunks
+    chunk_counts = np.zeros((num_chunks, num_parts), np.int64)
+    for t in prange(num_chunks):
+        for i in range(t * chunk, min(n, (t + 1) * chunk)):
+            chunk_counts[t, part_of(ids[i], kind_is_range, num_parts, base, remainder)] += 1
+    counts = np.zeros(num_parts, np.int64)
+    displs = np.zeros(num_parts, np.int64)
+    offsets = np.empty((num_chunks, num_parts), np.int64)
+    running = 0
+    for p in range(num_parts):
+        displs[p] = running
+        for t in range(num_chunks):
+            offsets[t, p] = running
+            running += chunk_counts[t, p]
+        counts[p] = running - displs[p]
+    packed_ids = np.empty(n, np.int64)
+    packed_values = np.empty((n, dim), values.dtype)
+    for t in prange(num_chunks):
+        for i in range(t * chunk, min(n, (t + 1) * chunk)):
+            p = part_of(ids[i], kind_is_range, num_parts, base, remainder)
+            j = offsets[t, p]
+            offsets[t, p] = j + 1
+            packed_ids[j] = ids[i]
+            for c in range(dim):
+                packed_values[j, c] = values[i, c]
+    return counts, displs, packed_ids, packed_values
+
+
+# -- row-wise optimizers: same formulas, same order as optimizers.py ---------
+
+
+@nb.njit(cache=True, nogil=True, parallel=True)
+def sgd_rows(param, rows, grads, lr):
+    dim = param.shape[1]
+    for k in prange(rows.size):
+        r = rows[k]
+        for c in range(dim):
+            param[r, c] = param[r, c] - lr * grads[k, c]
+
+
+@nb.njit(cache=True, nogil=True, parallel=True)
+def momentum_rows(param, accum, rows, grads, lr, momentum, lr_momentum, nesterov):
+    dim = param.shape[1]
+    for k in prange(rows.size):
+        r = rows[k]
+        for c in range(dim):
+            g = grads[k, c]
+            a = momentum * accum[r, c] + g
+            accum[r, c] = a
+            if nesterov:
+                param[r, c] = param[r, c] - (lr * g + lr_momentum * a)
+            else:
+                param[r, c] = param[r, c] - lr * a
+
+
+@nb.njit(cache=True, nogil=True, parallel=True)
+def adagrad_rows(param, accum, rows, grads, lr, eps):
+    dim = param.shape[1]
+    for k in prange(rows.size):
+        r = rows[k]
+        for c in range(dim):
+            g = grads[k, c]
+            a = accum[r, c] + g * g
+            accum[r, c] = a
+            param[r, c] = param[r, c] - lr * g / (np.sqrt(a) + eps)
+
+
+@nb.njit(cache=True, nogil=True, parallel=True)
+def adam_rows(param, m, v, rows, grads, lr_t, beta1, one_minus_beta1, beta2, one_minus_beta2, eps):
+    dim = param.shape[1]
+    for k in prange(rows.size):
+        r = rows[k]
+        for c in range(dim):
+            g = grads[k, c]
+            mt = beta1 * m[r, c] + one_minus_beta1 * g
+            vt = beta2 * v[r, c] + one_minus_beta2 * (g * g)
+            m[r, c] = mt
+            v[r, c] = vt
+            param[r, c] = param[r, c] - lr_t * mt / (np.sqrt(vt) + eps)
