@@ -39,10 +39,10 @@ from .exchange import alltoallv_rows, exchange_counts, group_by_destination
 from .initializers import INITIALIZERS, init_rows
 from .ops import dedup_sum, gather_rows
 from .ops.optimizers import make_optimizer
-from .partitioning import Partitioning
+from .partitioning import Partitioning, assign_owners
 from .sparse_grad import SparseGrad, check_indices
 
-__all__ = ["SparseVariableSpec", "ParameterServer", "assign_partitions"]
+__all__ = ["SparseVariableSpec", "ParameterServer"]
 
 OP_REGISTER, OP_PULL, OP_PUSH, OP_SHUTDOWN, OP_EXPORT, OP_REPARTITION, OP_IMPORT = range(1, 8)
 _OP_NAMES = {OP_REGISTER: "register", OP_PULL: "pull", OP_PUSH: "push", OP_SHUTDOWN: "shutdown",
@@ -115,20 +115,6 @@ class SparseVariableSpec:
         return self.dim * np.dtype(self.dtype).itemsize
 
 
-def assign_partitions(partition_bytes, num_owners: int) -> list:
-    """Owner index of each partition: largest first onto the least loaded.
-
-    Deterministic; balances bytes across owners.
-    """
-    load = [0] * num_owners
-    owners = [0] * len(partition_bytes)
-    for p in sorted(range(len(partition_bytes)), key=lambda i: (-partition_bytes[i], i)):
-        target = min(range(num_owners), key=lambda o: (load[o], o))
-        owners[p] = target
-        load[target] += partition_bytes[p]
-    return owners
-
-
 class _Variable:
     """A registered variable: its layout everywhere, its rows on owners."""
 
@@ -153,7 +139,7 @@ class _Variable:
                       for p in range(num_partitions)]
         owner_ranks = topology.owner_ranks
         if owners is None:
-            owners = assign_partitions(part_bytes, len(owner_ranks))
+            owners = assign_owners(part_bytes, len(owner_ranks))
         if len(owners) != num_partitions or not all(0 <= o < len(owner_ranks) for o in owners):
             raise ConfigError(f"{spec.name}: owners must list one of {len(owner_ranks)} owners "
                               f"for each of {num_partitions} partitions, not {owners!r}")
