@@ -1,0 +1,110 @@
+"""Run outputs on rank 0: ``metrics.jsonl`` lines and the progress bar.
+
+One JSON object per line, flushed as written, so a killed run keeps every
+finished step and ``python -m hpcpax.report`` can read a run still going.
+Nothing here is collective.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+
+__all__ = ["MetricsWriter", "ProgressBar", "read_metrics", "json_safe"]
+
+
+def json_safe(value):
+    """``value`` with NumPy scalars and non-finite floats made JSON-plain."""
+    if isinstance(value, dict):
+        return {str(k): json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    if hasattr(value, "item") and not isinstance(value, (str, bytes)):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+class MetricsWriter:
+    """Append-only JSON-lines writer (a no-op when ``enabled`` is False).
+
+    Args:
+        path: the ``metrics.jsonl`` file.
+        enabled: True on the one rank that writes.
+        truncate_after: on resume, drop lines whose ``step`` is greater
+            (steps a preempted run logged after its last checkpoint).
+    """
+
+    def __init__(self, path, enabled=True, truncate_after=None):
+        self.path = os.fspath(path)
+        self.enabled = enabled
+        self._file = None
+        if not enabled:
+            return
+        if truncate_after is not None and os.path.exists(self.path):
+            kept = [line for line in read_metrics(self.path, raw=True)
+                    if line[0].get("step", 0) <= truncate_after]
+            with open(self.path, "w", encoding="utf-8") as handle:
+                handle.writelines(text for _, text in kept)
+        self._file = open(self.path, "a", encoding="utf-8")
+
+    def write(self, record: dict) -> None:
+        if self._file is None:
+            return
+        self._file.write(json.dumps(json_safe(record), sort_keys=False) + "\n")
+        self._file.flush()
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+
+def read_metrics(path, raw=False) -> list:
+    """The records of a ``metrics.jsonl`` (a torn last line is skipped)."""
+    out = []
+    with open(path, encoding="utf-8") as handle:
+        for text in handle:
+            try:
+                record = json.loads(text)
+            except json.JSONDecodeError:
+                continue
+            out.append((record, text) if raw else record)
+    return out
+
+
+class ProgressBar:
+    """tqdm bar with loss and samples/s; silent unless ``enabled`` and stderr is a TTY."""
+
+    def __init__(self, total, initial=0, enabled=True):
+        self._bar = None
+        if enabled and sys.stderr.isatty():
+            from tqdm import tqdm
+
+            self._bar = tqdm(total=total, initial=initial, unit="step", dynamic_ncols=True,
+                             leave=True)
+
+    @property
+    def active(self) -> bool:
+        return self._bar is not None
+
+    def update(self, steps, loss, samples_per_s) -> None:
+        if self._bar is None:
+            return
+        self._bar.set_postfix(loss=f"{loss:.4f}", samples_per_s=f"{samples_per_s:,.0f}",
+                              refresh=False)
+        self._bar.update(steps)
+
+    def write(self, text) -> None:
+        if self._bar is not None:
+            self._bar.write(text)
+        else:
+            print(text, flush=True)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None

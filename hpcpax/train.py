@@ -1,0 +1,54 @@
+"""``python -m hpcpax.train``: the command-line trainer.
+
+Run it under MPI as ``mpirun -n 4 python -m mpi4py -m hpcpax.train [flags]``
+(``-m mpi4py`` makes an uncaught error on one rank abort the whole job
+instead of hanging it); without ``mpirun`` it is a one-process run. Flags are
+listed by ``--help`` and documented in :mod:`hpcpax.config`; the loop is
+:class:`hpcpax.trainer.Trainer`.
+
+Exit status: 0 on success and after a preemption checkpoint (SIGTERM or
+SIGUSR1; rerun with ``--resume``), 2 on a bad flag or config file.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from .config import parse_args
+from .errors import ConfigError
+
+__all__ = ["main"]
+
+
+def _world_rank():
+    try:
+        from mpi4py import MPI
+
+        return MPI.COMM_WORLD.Get_rank()
+    except ImportError:  # pragma: no cover - mpi4py is a hard dependency
+        return 0
+
+
+def main(argv=None, *, comm=None, hooks=()) -> int:
+    """Parse ``argv``, train, return the exit status. **Collective** over ``comm``.
+
+    Args:
+        argv: command-line arguments (default ``sys.argv[1:]``).
+        comm: communicator to run on (default ``MPI.COMM_WORLD``).
+        hooks: passed to :class:`~hpcpax.trainer.Trainer` (tests).
+    """
+    from .trainer import Trainer
+
+    try:
+        config = parse_args(argv)
+    except ConfigError as exc:
+        # Parsing is identical on every rank, so every rank stops here.
+        if _world_rank() == 0:
+            print(f"hpcpax.train: error: {exc}", file=sys.stderr)
+        return 2
+    Trainer(config, comm=comm, hooks=hooks).run()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
