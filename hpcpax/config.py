@@ -73,7 +73,18 @@ FLAGS = (
     Flag("ranks_per_node", "int", None, "cut nodes into virtual nodes of this many ranks",
          minimum=1),
     Flag("local_aggregation", "bool", True, "aggregate sparse traffic inside a node first"),
-    Flag("plan", "plan", "ps", "sparse sync: ps, allgather, dense (allreduce) or a JSON plan file"),
+    Flag("plan", "plan", "auto", "auto (measure, then the cost model decides), hybrid "
+         "(measure, then Parallax's rule), ps, allgather, dense (allreduce) or a JSON plan file"),
+    Flag("plan_steps", "int", 5, "auto/hybrid: steps measured before the plan is made",
+         minimum=1),
+    Flag("fabric_seconds", "float", 0.5, "auto/hybrid: time budget of the start-up fabric "
+         "measurement", minimum=0.01),
+    Flag("partition_search", "bool", False, "auto/hybrid: Parallax's partition search on live "
+         "steps after the plan"),
+    Flag("replan_every", "int", 0, "auto/hybrid: re-measure and re-plan every N steps (0: never)",
+         minimum=0),
+    Flag("replan_threshold", "float", 0.1, "re-planning switches a method only for a predicted "
+         "gain above this fraction", minimum=0.0),
     Flag("bucket_bytes", "int", 1 << 20, "dense allreduce fusion buffer bytes (0: autotune)",
          minimum=0),
     # run directory, checkpoints, evaluation

@@ -124,6 +124,7 @@ class _Variable:
         self.set_layout(topology, partitions or spec.num_partitions or len(topology.owner_ranks),
                         owners)
         self.optimizer = make_optimizer(spec.optimizer, **spec.optimizer_params)
+        self.local_aggregation = None  # None: the ParameterServer's setting
         self.table = None
         self.state = None
         if topology.rank in self.owner_rank_of_part:
@@ -291,6 +292,18 @@ class ParameterServer:
             raise KeyError(f"unknown sparse variable {name!r}; registered: "
                            f"{sorted(self.variables)}") from None
 
+    def set_local_aggregation(self, name, enabled) -> None:
+        """Turn local aggregation on/off for one variable (None: the PS default).
+
+        Local; every worker must make the same call (the servers need not).
+        """
+        self._var(name).local_aggregation = None if enabled is None else bool(enabled)
+
+    def _aggregates(self, var) -> bool:
+        enabled = self.local_aggregation if var.local_aggregation is None else var.local_aggregation
+        topo = self.topology
+        return enabled and topo.is_worker and topo.node_workers.Get_size() > 1
+
     # ---------------------------------------------------------------- pull
     def pull(self, name, ids):
         """Rows ``ids`` of variable ``name``, in the order given.
@@ -328,7 +341,7 @@ class ParameterServer:
     def _pull_collective(self, var, ids):
         topo, acct, name = self.topology, self.accounting, var.spec.name
         dim, dtype = var.spec.dim, np.dtype(var.spec.dtype)
-        la = self.local_aggregation and topo.is_worker and topo.node_workers.Get_size() > 1
+        la = self._aggregates(var)
         if la:
             nw = topo.node_workers
             delegate = var.partitioning.partition_of(ids) % nw.Get_size()
@@ -392,7 +405,7 @@ class ParameterServer:
 
     def _push_collective(self, var, ids, values):
         topo, acct, name = self.topology, self.accounting, var.spec.name
-        la = self.local_aggregation and topo.is_worker and topo.node_workers.Get_size() > 1
+        la = self._aggregates(var)
         if la:
             nw = topo.node_workers
             delegate = var.partitioning.partition_of(ids) % nw.Get_size()
@@ -428,6 +441,44 @@ class ParameterServer:
             return gids, np.zeros((0, var.spec.dim), var.spec.dtype), {}, {}
         rows, scalars = _split_state(var.state, var.table.shape[0])
         return gids, var.table, rows, scalars
+
+    def gather_table(self, name):
+        """The whole table of ``name`` with its optimizer state, on every rank.
+
+        **Collective** over ``topology.comm``, called by every rank outside
+        :meth:`serve` (for switching a variable to a replicated method).
+        Returns ``(table, row_state, scalar_state)`` as host arrays.
+        """
+        var = self._var(name)
+        pieces = self.topology.comm.allgather(self.export_rows(name))
+        table = np.empty((var.spec.rows, var.spec.dim), var.spec.dtype)
+        row_state, scalars = {}, {}
+        for gids, rows, state, scalar in pieces:
+            if len(gids) == 0:
+                continue
+            table[gids] = rows
+            for key, value in state.items():
+                row_state.setdefault(key, np.empty((var.spec.rows,) + value.shape[1:],
+                                                   value.dtype))[gids] = value
+            scalars = scalar or scalars
+        return table, row_state, {k: np.array(v, copy=True) for k, v in scalars.items()}
+
+    def load_table(self, name, table, row_state, scalars) -> None:
+        """Set this owner's rows of ``name`` from whole-table arrays (local).
+
+        Each owner copies the rows it owns, by global id, with their
+        optimizer state; ranks owning nothing do nothing. Call on every
+        owner with the same arrays (e.g. broadcast from one worker).
+        """
+        var = self._var(name)
+        if var.table is None:
+            return
+        gids = var.owned_global_ids()
+        var.table[...] = table[gids]
+        for key, value in row_state.items():
+            var.state[key][...] = value[gids]
+        for key, value in scalars.items():
+            var.state[key] = np.array(value, copy=True)
 
     def repartition(self, name, num_partitions, owners=None) -> None:
         """Move ``name`` to ``num_partitions`` partitions, live and exactly.

@@ -54,6 +54,9 @@ def summarize(run_dir) -> str:
                      f"  optimizers: {config.get('optimizer')} (dense), "
                      f"{config.get('sparse_optimizer')} (sparse)")
     plan = extra.get("plan")
+    if plan and "variables" in plan:  # a planner Plan (auto/hybrid), not a fixed table
+        entries = plan["variables"]
+        plan = entries if isinstance(entries, dict) else {e["name"]: e for e in entries}
     if plan:
         lines.append("plan: " + ", ".join(f"{n}={e.get('method')}" for n, e in plan.items()))
     if steps:

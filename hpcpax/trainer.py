@@ -36,6 +36,7 @@ from .config import TRAINING_KEYS, load_plan_file, model_kwargs, normalize_plan,
 from .consistency import check_same, fingerprint
 from .errors import CheckpointError, ConfigError
 from .metrics import MetricsWriter, ProgressBar, json_safe
+from .planning import MEASURED_MODES, PlanController
 from .preemption import PreemptionHandler
 
 __all__ = ["Trainer", "TIME_PHASES", "BYTE_PHASES"]
@@ -113,6 +114,9 @@ class Trainer:
 
     def _resolve_plan(self, names):
         spec = self._plan_override if self._plan_override is not None else self.config["plan"]
+        if isinstance(spec, str) and spec in MEASURED_MODES:
+            # measured first on the parameter server, decided after plan_steps
+            return {name: {"method": "ps", "partitions": None} for name in names}
         if isinstance(spec, str):
             method = "dense" if spec == "allreduce" else spec
             if method in ("ps", "allgather", "dense"):
@@ -201,6 +205,8 @@ class Trainer:
             return self._save_collective(command["step"], command["meta"])
         if op == "load":
             return self._load_collective(command["path"])
+        if op == "switch":
+            return self._switch_collective(command["name"], command["method"])
         if op == "stop":
             return "stop"
         raise RuntimeError(f"unknown trainer command {op!r}")
@@ -209,7 +215,7 @@ class Trainer:
     def _save_collective(self, step, meta):
         topo = self.topology
         sparse = []
-        for name in self.ps.variables:
+        for name in self._ps_names():
             gids, table, rows, scalars = self.ps.export_rows(name)
             if self.ps.variables[name].table is not None:
                 sparse.append((name, gids, table, rows, scalars))
@@ -226,6 +232,10 @@ class Trainer:
         self.checkpoint_seconds += time.perf_counter() - start
         self.last_checkpoint = path
         return path
+
+    def _ps_names(self):
+        """Variables the PS holds now (a switched-away one may stay registered)."""
+        return [n for n in self.ps.variables if self.plan[n]["method"] == "ps"]
 
     def save_checkpoint(self, step):
         """Write a checkpoint after ``step`` steps; **collective** over the workers."""
@@ -253,7 +263,7 @@ class Trainer:
                             for k in differ[:4]))
         error = None
         try:
-            for name in self.ps.variables:
+            for name in self._ps_names():
                 ckpt.import_ps_variable(self.ps, name, path)
             if topo.is_worker:
                 for replica in self.replicated.values():
@@ -309,6 +319,10 @@ class Trainer:
         names = [s.name for s in self.model.sparse_specs()]
         self.plan = self._resolve_plan(names)
         specs = self._sparse_specs()
+        self.specs = {s.name: s for s in specs}
+        mode = self.config["plan"] if self._plan_override is None else None
+        self.planning = PlanController(self, mode)
+        self.planning.measure_fabric()
         self.ps = ParameterServer(topo, local_aggregation=config["local_aggregation"],
                                   seed=config["seed"])
         self.replicated = {}
@@ -330,7 +344,6 @@ class Trainer:
                                                              seed=config["seed"])
             elif entry.get("owners"):
                 self.ps.repartition(spec.name, len(entry["owners"]), entry["owners"])
-        self.specs = {s.name: s for s in specs}
         self.dense = self.model.init_dense()
         self.optimizer = make_optimizer(config["optimizer"], lr=config["lr"])
         self.dense_state = {name: self.optimizer.init_state(p.shape, p.dtype, np)
@@ -354,6 +367,7 @@ class Trainer:
                                 self._is_leader and not config["quiet"])
         metrics = MetricsWriter(os.path.join(self.run_dir, "metrics.jsonl"), self._is_leader,
                                 truncate_after=start_step - 1)
+        self.planning.start(start_step, resumed=start_step > 1)
         try:
             with PreemptionHandler() as preemption:
                 last, train_seconds, preempted = self._train_loop(start_step, metrics, preemption)
@@ -415,6 +429,7 @@ class Trainer:
         batch = self.reader.batch(position, config["global_batch"], topo.worker_index,
                                   topo.num_workers)
         ids = self.model.sparse_ids(batch, position)
+        self.planning.observe(ids)
         lap("data")
         rows = {name: self._pull(name, ids[name]) for name in self.specs}
         lap("pull")
@@ -457,45 +472,57 @@ class Trainer:
         return loss, vector[2] > 0, mean_times, cumulative
 
     def _train_loop(self, start_step, metrics, preemption):
-        config = self.config
-        every, keep_going = config["checkpoint_every"], True
-        previous_bytes = None
-        train_seconds, last, preempted = 0.0, start_step - 1, False
-        for step in range(start_step, config["steps"] + 1):
-            began = time.perf_counter()
-            loss, local_batch, times = self.train_step(step)
-            loss, stop, times, cumulative = self._reduce_step(loss, local_batch, times,
-                                                              preemption.requested)
-            seconds = time.perf_counter() - began
-            train_seconds += seconds
-            last = step
-            self.losses.append(loss)
-            delta = cumulative if previous_bytes is None else cumulative - previous_bytes
-            previous_bytes = cumulative
-            samples_per_s = config["global_batch"] / seconds
-            metrics.write({
-                "step": step, "loss": loss, "samples_per_s": samples_per_s, "seconds": seconds,
-                "time": times,
-                "bytes": {phase: {f.replace("_bytes", ""): int(delta[i, j])
-                                  for j, f in enumerate(_BYTE_FIELDS)}
-                          for i, phase in enumerate(BYTE_PHASES) if delta[i].any()},
-            })
-            self._bar.update(1, loss, samples_per_s)
-            if config["eval_every"] and (step % config["eval_every"] == 0
-                                         or step == config["steps"]):
-                metrics.write({"step": step, "eval": self.evaluate(step)})
-            if stop:
-                preempted = True
-                self._log(f"preemption signal: checkpoint after step {step}, then exit")
-                self.save_checkpoint(step)
-                keep_going = False
-            elif every and (step % every == 0 or step == config["steps"]):
-                self.save_checkpoint(step)
-            if not keep_going:
+        self._loop = {"metrics": metrics, "preemption": preemption, "previous": None,
+                      "seconds": 0.0, "last": start_step - 1, "stopped": False}
+        step = start_step
+        while step <= self.config["steps"] and not self._loop["stopped"]:
+            self.loop_step(step)
+            step += 1
+            if self._loop["stopped"]:
                 break
             for hook in self.hooks:
-                hook(self, step)
-        return last, train_seconds, preempted
+                hook(self, step - 1)
+            # the planner may run further steps itself (trial steps of a search)
+            step = self.planning.after_step(step - 1) + 1
+        loop = self._loop
+        return loop["last"], loop["seconds"], loop["stopped"]
+
+    def loop_step(self, step):
+        """Train ``step``, write its metrics, checkpoint if due; **collective** (workers).
+
+        Sets ``self._loop["stopped"]`` when a preemption signal was seen
+        (after checkpointing).
+        """
+        config, loop = self.config, self._loop
+        began = time.perf_counter()
+        loss, local_batch, times = self.train_step(step)
+        loss, stop, times, cumulative = self._reduce_step(loss, local_batch, times,
+                                                          loop["preemption"].requested)
+        seconds = time.perf_counter() - began
+        loop["seconds"] += seconds
+        loop["last"] = step
+        self.losses.append(loss)
+        previous = loop["previous"]
+        delta = cumulative if previous is None else cumulative - previous
+        loop["previous"] = cumulative
+        samples_per_s = config["global_batch"] / seconds
+        loop["metrics"].write({
+            "step": step, "loss": loss, "samples_per_s": samples_per_s, "seconds": seconds,
+            "time": times,
+            "bytes": {phase: {f.replace("_bytes", ""): int(delta[i, j])
+                              for j, f in enumerate(_BYTE_FIELDS)}
+                      for i, phase in enumerate(BYTE_PHASES) if delta[i].any()},
+        })
+        self._bar.update(1, loss, samples_per_s)
+        if config["eval_every"] and (step % config["eval_every"] == 0 or step == config["steps"]):
+            loop["metrics"].write({"step": step, "eval": self.evaluate(step)})
+        if stop:
+            loop["stopped"] = True
+            self._log(f"preemption signal: checkpoint after step {step}, then exit")
+            self.save_checkpoint(step)
+        elif config["checkpoint_every"] and (step % config["checkpoint_every"] == 0
+                                             or step == config["steps"]):
+            self.save_checkpoint(step)
 
     def evaluate(self, step):
         """Mean eval metrics over ``eval_batches`` fixed global batches; **collective**."""
@@ -521,6 +548,57 @@ class Trainer:
         self._log(f"eval after step {step}: "
                   + ", ".join(f"{k}={v:.4f}" for k, v in out.items()))
         return out
+
+    def switch_method(self, name, method):
+        """Move sparse variable ``name`` to ``method``, exactly; **collective** (workers).
+
+        Every row and its optimizer state moves (PS owners <-> replicas on
+        every worker); training continues as if ``method`` had been used all
+        along.
+        """
+        if method not in ("ps", "allgather", "dense"):
+            raise ConfigError(f"method must be ps, allgather or dense, not {method!r}")
+        self._command("switch", name=name, method=method)
+        self.plan[name] = {"method": method,
+                           "partitions": (self.ps.variables[name].partitioning.num_parts
+                                          if method == "ps" else None)}
+        if self._is_leader:
+            self._write_json("plan.json", self.plan)
+
+    def _switch_collective(self, name, method):
+        """Every rank: the data movement of :meth:`switch_method`."""
+        from .sparse_replicated import ReplicatedTable
+
+        topo, spec = self.topology, self.specs[name]
+        current = self.plan[name]["method"]
+        if current == method:
+            return None
+        if current == "ps":
+            table, rows, scalars = self.ps.gather_table(name)
+            if topo.is_worker:
+                replica = ReplicatedTable(topo, spec, method, seed=self.config["seed"])
+                replica.table[...] = table
+                for key, value in rows.items():
+                    replica.state[key][...] = value
+                replica.state.update({k: np.array(v, copy=True) for k, v in scalars.items()})
+                self.replicated[name] = replica
+        elif method != "ps":
+            if topo.is_worker:
+                self.replicated[name].method = method
+        else:
+            if name not in self.ps.variables:
+                self.ps._register_collective([spec] if topo.is_worker else [])
+            replica = self.replicated.get(name)
+            payload = None
+            if topo.is_worker and topo.worker_index == 0:
+                rows = {k: v for k, v in replica.state.items() if np.ndim(v) == 2}
+                scalars = {k: v for k, v in replica.state.items() if k not in rows}
+                payload = (replica.table, rows, scalars)
+            table, rows, scalars = topo.comm.bcast(payload, root=topo.worker_ranks[0])
+            self.ps.load_table(name, table, rows, scalars)
+            self.replicated.pop(name, None)
+        self.plan[name] = {"method": method, "partitions": None}
+        return None
 
     def repartition(self, name, partitions, owners=None):
         """Move PS variable ``name`` to ``partitions`` partitions, live; **collective** (workers)."""
