@@ -8,9 +8,20 @@ force the plain NumPy path, for example to compare the two.
 from __future__ import annotations
 
 import os
+from contextlib import contextmanager
 
 _KERNELS = None
 _TRIED = False
+_DEFAULT_THREADS = None
+
+#: Work (elements touched) below which a kernel runs on one thread: a
+#: parallel region costs more than it saves there, and on a shared or
+#: oversubscribed node it can stall waiting for a thread that is not scheduled.
+SERIAL_BELOW = int(os.environ.get("HPCPAX_NUMBA_SERIAL_BELOW", 1 << 20))
+
+# Variables through which launchers tell each process how many ranks share its node.
+_LOCAL_SIZE_VARIABLES = ("MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE",
+                         "MV2_COMM_WORLD_LOCAL_SIZE", "SLURM_NTASKS_PER_NODE")
 
 
 def enabled() -> bool:
@@ -32,6 +43,49 @@ def kernels():
         except ImportError:
             _KERNELS = None
     return _KERNELS
+
+
+def default_threads() -> int:
+    """Numba threads per process: ``$HPCPAX_NUMBA_THREADS``, else the cores
+    this process may use divided by the ranks on its node (so ranks on one
+    node do not oversubscribe it)."""
+    global _DEFAULT_THREADS
+    if _DEFAULT_THREADS is None:
+        text = os.environ.get("HPCPAX_NUMBA_THREADS", "")
+        if text.isdigit() and int(text) > 0:
+            _DEFAULT_THREADS = int(text)
+        else:
+            cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
+                else (os.cpu_count() or 1)
+            local = 1
+            for name in _LOCAL_SIZE_VARIABLES:
+                value = os.environ.get(name, "").split("(")[0]
+                if value.isdigit() and int(value) > 0:
+                    local = int(value)
+                    break
+            _DEFAULT_THREADS = max(1, cores // local)
+        import numba  # noqa: PLC0415
+
+        _DEFAULT_THREADS = min(_DEFAULT_THREADS, numba.config.NUMBA_NUM_THREADS)
+    return _DEFAULT_THREADS
+
+
+@contextmanager
+def threads_for(work: int):
+    """Run the Numba kernels in this block on 1 thread for small ``work``,
+    else on :func:`default_threads`."""
+    import numba  # noqa: PLC0415
+
+    wanted = 1 if work < SERIAL_BELOW else default_threads()
+    previous = numba.get_num_threads()
+    if wanted == previous:
+        yield
+        return
+    numba.set_num_threads(wanted)
+    try:
+        yield
+    finally:
+        numba.set_num_threads(previous)
 
 
 def num_chunks(work_items: int, per_thread: int = 4) -> int:

@@ -94,5 +94,6 @@ def dedup_sum(indices, values):
     if indices.size == 0:
         return np.empty(0, np.int64), np.empty((0, values.shape[1]), values.dtype)
     if _numba.enabled():
-        return _dedup_sum_numba(indices, values)
+        with _numba.threads_for(values.size):
+            return _dedup_sum_numba(indices, values)
     return dedup_sum_reference(indices, values)

@@ -175,8 +175,9 @@ class SparseOptimizer:
             return
         self._advance(state)
         if rows.size:
-            self._numba_rows(_numba.kernels(), param, state, rows, grads,
-                             self._scalars(param.dtype, state))
+            with _numba.threads_for(grads.size):
+                self._numba_rows(_numba.kernels(), param, state, rows, grads,
+                                 self._scalars(param.dtype, state))
 
 
 class SGD(SparseOptimizer):

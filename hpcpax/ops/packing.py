@@ -98,13 +98,14 @@ def partition_pack(indices, values, partitioning):
     if not _numba.enabled() or indices.size == 0:
         return partition_pack_reference(indices, values, partitioning)
     rows = values if values is not None else np.empty((indices.size, 0), np.float64)
-    counts, displs, packed_ids, packed_values = _numba.kernels().partition_pack(
-        indices,
-        rows,
-        partitioning.kind == "range",
-        partitioning.num_parts,
-        partitioning.base,
-        partitioning.remainder,
-        _numba.num_chunks(indices.size, per_thread=1),
-    )
+    with _numba.threads_for(max(rows.size, indices.size)):
+        counts, displs, packed_ids, packed_values = _numba.kernels().partition_pack(
+            indices,
+            rows,
+            partitioning.kind == "range",
+            partitioning.num_parts,
+            partitioning.base,
+            partitioning.remainder,
+            _numba.num_chunks(indices.size, per_thread=1),
+        )
     return PackedPartitions(counts, packed_ids, None if values is None else packed_values, displs)

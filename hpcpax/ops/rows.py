@@ -91,7 +91,8 @@ def gather_rows(table, ids, out=None):
     if ids.size and _numba.enabled():
         if out is None:
             out = np.empty((ids.size, table.shape[1]), table.dtype)
-        _numba.kernels().gather_rows(table, ids, out)
+        with _numba.threads_for(out.size):
+            _numba.kernels().gather_rows(table, ids, out)
         return out
     return gather_rows_reference(table, ids, out)
 
@@ -144,10 +145,21 @@ def scatter_add_rows(table, ids, values):
         return table
     if not _numba.enabled():
         return scatter_add_rows_reference(table, ids, values)
+    with _numba.threads_for(values.size):
+        _scatter_add_numba(table, ids, values)
+    return table
+
+
+def _sorted_unique(ids):
+    unique, inverse, counts = np.unique(ids, return_inverse=True, return_counts=True)
+    return unique, np.ascontiguousarray(inverse.reshape(-1), np.int64), counts.astype(np.int64)
+
+
+def _scatter_add_numba(table, ids, values):
     kernels = _numba.kernels()
     if ids.size < _SCATTER_PARALLEL_MIN or _numba.num_chunks(ids.size) == 1:
         kernels.scatter_add_serial(table, ids, values)
-        return table
+        return
     if table.shape[0] <= kernels.DENSE_SPAN_FACTOR * ids.size + 1024 and ids.size < 2**31:
         unique, inverse, counts = kernels.dense_unique(ids, 0, table.shape[0])
     else:
@@ -155,9 +167,3 @@ def scatter_add_rows(table, ids, values):
     bounds = kernels.balanced_bounds(counts, _numba.num_chunks(unique.size, per_thread=1))
     positions, starts = kernels.chunk_buckets(inverse, bounds)
     kernels.bucket_scatter_add(table, unique, values, inverse, positions, starts, bounds)
-    return table
-
-
-def _sorted_unique(ids):
-    unique, inverse, counts = np.unique(ids, return_inverse=True, return_counts=True)
-    return unique, np.ascontiguousarray(inverse.reshape(-1), np.int64), counts.astype(np.int64)
