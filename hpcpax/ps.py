@@ -198,6 +198,10 @@ class ParameterServer:
         self.variables = {}
         self._by_index = []
         self.skipped_pushes = 0
+        #: Optional object with a ``guard(name)`` context manager (e.g.
+        #: :class:`hpcpax.watchdog.Watchdog`); :meth:`serve` runs each
+        #: operation inside it, so a server stuck in a collective is reported.
+        self.watchdog = None
         nw = topology.node_workers
         self._node_worker_ranks = (np.array(nw.allgather(topology.rank), np.int64)
                                    if nw is not None else None)
@@ -539,27 +543,34 @@ class ParameterServer:
         """
         if not self.topology.is_server:
             return
-        empty_ids = np.zeros(0, np.int64)
         while True:
             workers = self._header(0)
             op, index, _, argument = (int(v) for v in workers[0])
             if op == OP_SHUTDOWN:
                 return
-            if op == OP_REGISTER:
-                self._register_collective([])
-                continue
-            var = self._by_index[index]
-            if op == OP_REPARTITION:
-                owners = self.topology.comm.bcast(None, root=self.topology.worker_ranks[0])
-                self._repartition_collective(var, argument, owners)
-                continue
-            if self._check_status(workers, var.spec.name, _OP_NAMES[op]):
-                continue
-            if op == OP_PULL:
-                self._pull_collective(var, empty_ids)
-            elif op == OP_PUSH:
-                self._push_collective(var, empty_ids,
-                                      np.zeros((0, var.spec.dim), var.spec.dtype))
+            if self.watchdog is None:
+                self._serve_one(workers, op, index, argument)
+            else:
+                with self.watchdog.guard(f"serve {_OP_NAMES.get(op, op)}"):
+                    self._serve_one(workers, op, index, argument)
+
+    def _serve_one(self, workers, op, index, argument):
+        """The server side of one operation (after its header)."""
+        if op == OP_REGISTER:
+            self._register_collective([])
+            return
+        var = self._by_index[index]
+        if op == OP_REPARTITION:
+            owners = self.topology.comm.bcast(None, root=self.topology.worker_ranks[0])
+            self._repartition_collective(var, argument, owners)
+            return
+        if self._check_status(workers, var.spec.name, _OP_NAMES[op]):
+            return
+        if op == OP_PULL:
+            self._pull_collective(var, np.zeros(0, np.int64))
+        elif op == OP_PUSH:
+            self._push_collective(var, np.zeros(0, np.int64),
+                                  np.zeros((0, var.spec.dim), var.spec.dtype))
 
     def shutdown(self) -> None:
         """Release the server ranks from :meth:`serve`. **Collective** on workers."""
