@@ -150,6 +150,7 @@ def save(comm, run_dir, step: int, *, dense=None, sparse=(), meta=None, keep: in
             written[name] = _file_entry(path)
     except (OSError, ValueError, TypeError) as exc:
         error = f"rank {rank}: writing into {tmp} failed: {exc}"
+    _test_crash_hook(step, rank, comm.Get_size())
     gathered = comm.gather((written, error), root=0)
 
     if rank == 0:
@@ -186,6 +187,17 @@ def save(comm, run_dir, step: int, *, dense=None, sparse=(), meta=None, keep: in
     if error:
         raise CheckpointError(error)
     return final
+
+
+def _test_crash_hook(step, rank, size):
+    """Test hook: ``HPCPAX_TEST_CRASH_IN_CHECKPOINT=STEP[:RANK]`` kills RANK (default the last)
+    with ``os._exit(9)`` while checkpoint STEP is half written (its files are in the
+    temporary directory, no manifest yet). For the reliability tests only."""
+    spec = os.environ.get("HPCPAX_TEST_CRASH_IN_CHECKPOINT")
+    if spec:
+        crash_step, _, crash_rank = spec.partition(":")
+        if int(crash_step) == int(step) and int(crash_rank or size - 1) == rank:
+            os._exit(9)
 
 
 def list_checkpoints(run_dir) -> list:

@@ -96,6 +96,14 @@ FLAGS = (
     Flag("eval_every", "int", 0, "evaluate every N steps (0: never)", minimum=0),
     Flag("eval_batches", "int", 2, "global batches per evaluation", minimum=1),
 
+    # reliability
+    Flag("timeout", "float", None, "seconds a step (or served operation) may take before the "
+         "watchdog reports the stuck ranks and aborts (default $HPCPAX_TIMEOUT, else 600; "
+         "0: off)", minimum=0.0),
+    Flag("server_memory_budget", "str", None, "bytes of sparse tables plus optimizer slots one "
+         "owner rank may hold, e.g. 8G (default $HPCPAX_SERVER_MEMORY, else available memory "
+         "x 0.8 / ranks on the node)"),
+
     Flag("quiet", "bool", False, "no progress bar, no config print"),
     Flag("verbose_ranks", "bool", False, "let every rank print"),
 )

@@ -82,23 +82,50 @@ def alltoallv_rows(comm, send_counts, recv_counts, arrays, accounting=None, phas
     rdispl = np.zeros_like(recv_counts)
     np.cumsum(send_counts[:-1], out=sdispl[1:])
     np.cumsum(recv_counts[:-1], out=rdispl[1:])
-    out = []
-    sent_bytes = np.zeros(len(send_counts), np.int64)
-    recv_bytes = np.zeros(len(recv_counts), np.int64)
-    for array in arrays:
-        array = np.ascontiguousarray(array)
-        row_shape = array.shape[1:]
-        width = int(np.prod(row_shape, dtype=np.int64))
-        result = np.empty((int(recv_counts.sum()),) + row_shape, array.dtype)
-        mpi_type = _mpi_type(array.dtype)
-        comm.Alltoallv(
-            [array, (send_counts * width, sdispl * width), mpi_type],
-            [result, (recv_counts * width, rdispl * width), mpi_type],
-        )
-        sent_bytes += send_counts * width * array.itemsize
-        recv_bytes += recv_counts * width * array.itemsize
-        out.append(result)
+    arrays = [np.ascontiguousarray(a) for a in arrays]
+    if len(arrays) == 1:
+        buffer, widths = arrays[0], None
+        width = int(np.prod(buffer.shape[1:], dtype=np.int64))
+    else:
+        # Several arrays travel as one record per row (ids beside values):
+        # one Alltoallv instead of one per array, the latency that matters.
+        buffer, widths = _pack_records(arrays)
+        width = buffer.shape[1]
+    row_shape = buffer.shape[1:]
+    result = np.empty((int(recv_counts.sum()),) + row_shape, buffer.dtype)
+    mpi_type = _mpi_type(buffer.dtype)
+    comm.Alltoallv(
+        [buffer, (send_counts * width, sdispl * width), mpi_type],
+        [result, (recv_counts * width, rdispl * width), mpi_type],
+    )
+    out = [result] if widths is None else _unpack_records(result, arrays, widths)
     if accounting is not None:
-        accounting.record_exchange(phase, variable, sent_bytes, recv_bytes,
-                                   time.perf_counter() - start, ranks=ranks)
+        row_bytes = width * buffer.itemsize
+        accounting.record_exchange(phase, variable, send_counts * row_bytes,
+                                   recv_counts * row_bytes, time.perf_counter() - start,
+                                   ranks=ranks)
+    return out
+
+
+def _pack_records(arrays):
+    """Rows of ``arrays`` side by side as bytes: ``[n, sum of row bytes]`` uint8."""
+    n = arrays[0].shape[0]
+    widths = [a[0:1].nbytes if n else int(np.prod(a.shape[1:], dtype=np.int64)) * a.itemsize
+              for a in arrays]
+    packed = np.empty((n, sum(widths)), np.uint8)
+    offset = 0
+    for array, width in zip(arrays, widths):
+        packed[:, offset:offset + width] = array.reshape(n, width // array.itemsize).view(np.uint8)
+        offset += width
+    return packed, widths
+
+
+def _unpack_records(packed, like, widths):
+    """Inverse of :func:`_pack_records` for received rows."""
+    m = packed.shape[0]
+    out, offset = [], 0
+    for array, width in zip(like, widths):
+        column = np.ascontiguousarray(packed[:, offset:offset + width])
+        out.append(column.view(array.dtype).reshape((m,) + array.shape[1:]))
+        offset += width
     return out

@@ -40,6 +40,7 @@ from .initializers import INITIALIZERS, init_rows
 from .ops import dedup_sum, gather_rows
 from .ops.optimizers import make_optimizer
 from .partitioning import Partitioning, assign_owners
+from .resources import check_memory_budget
 from .sparse_grad import SparseGrad, check_indices
 
 __all__ = ["SparseVariableSpec", "ParameterServer"]
@@ -284,6 +285,7 @@ class ParameterServer:
         check_same(topo.comm, "sparse variable specs",
                    {f"spec[{i}]": s.to_dict() for i, s in enumerate(mine)}
                    | {"count": len(mine)})
+        check_memory_budget(self, agreed)  # every rank refuses together, before allocating
         for spec in agreed:
             var = _Variable(len(self._by_index), spec, topo, self.seed)
             self.variables[spec.name] = var

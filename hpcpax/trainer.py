@@ -38,6 +38,8 @@ from .errors import CheckpointError, ConfigError
 from .metrics import MetricsWriter, ProgressBar, json_safe
 from .planning import MEASURED_MODES, PlanController
 from .preemption import PreemptionHandler
+from .resources import parse_bytes
+from .watchdog import Watchdog
 
 __all__ = ["Trainer", "TIME_PHASES", "BYTE_PHASES"]
 
@@ -293,12 +295,14 @@ class Trainer:
         self._is_leader = False
         self.topology = hpcpax.init(config["ranks_per_node"], config["servers_per_node"],
                                     comm=self.comm)
+        self.watchdog = Watchdog(self.topology.comm, config["timeout"])
         try:
             self.summary = self._run()
             return self.summary
         finally:
             if self._bar is not None:
                 self._bar.close()
+            self.watchdog.close()
             self.topology.free()
 
     def _run(self):
@@ -325,6 +329,9 @@ class Trainer:
         self.planning.measure_fabric()
         self.ps = ParameterServer(topo, local_aggregation=config["local_aggregation"],
                                   seed=config["seed"])
+        self.ps.watchdog = self.watchdog  # each served operation is guarded
+        self.ps.memory_budget = parse_bytes(config["server_memory_budget"],
+                                            "server_memory_budget")
         self.replicated = {}
         self.dense, self.dense_state = {}, {}
         if topo.rank == 0:
@@ -333,7 +340,9 @@ class Trainer:
                                              "topology": topo.describe()})
             self._write_json("plan.json", self.plan)
         if topo.is_server:
-            self._serve()
+            # Slurm signals every rank; a server only notes it, the workers decide.
+            with PreemptionHandler():
+                self._serve()
             return self._finish(None, 0, 0, 0.0, False)
 
         self.ps.register([s for s in specs if self.plan[s.name]["method"] == "ps"])
@@ -491,8 +500,12 @@ class Trainer:
         """Train ``step``, write its metrics, checkpoint if due; **collective** (workers).
 
         Sets ``self._loop["stopped"]`` when a preemption signal was seen
-        (after checkpointing).
+        (after checkpointing). Runs under the watchdog as ``step N``.
         """
+        with self.watchdog.guard(f"step {step}"):
+            self._loop_step(step)
+
+    def _loop_step(self, step):
         config, loop = self.config, self._loop
         began = time.perf_counter()
         loss, local_batch, times = self.train_step(step)
