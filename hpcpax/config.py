@@ -72,6 +72,8 @@ FLAGS = (
          "(default: 1 with several ranks, else 0)", minimum=0),
     Flag("ranks_per_node", "int", None, "cut nodes into virtual nodes of this many ranks",
          minimum=1),
+    Flag("device", "str", None, "worker device: cpu, gpu or auto (default $HPCPAX_DEVICE, "
+         "else auto); servers always run on the CPU", ("cpu", "gpu", "auto")),
     Flag("local_aggregation", "bool", True, "aggregate sparse traffic inside a node first"),
     Flag("plan", "plan", "auto", "auto (measure, then the cost model decides), hybrid "
          "(measure, then Parallax's rule), ps, allgather, dense (allreduce) or a JSON plan file"),

@@ -33,6 +33,7 @@ import numpy as np
 
 from . import checkpoint as ckpt
 from .config import TRAINING_KEYS, load_plan_file, model_kwargs, normalize_plan, resolve
+from .backend import Device, select_device, to_host
 from .consistency import check_same, fingerprint
 from .errors import CheckpointError, ConfigError
 from .metrics import MetricsWriter, ProgressBar, json_safe
@@ -227,7 +228,9 @@ class Trainer:
                 rows = {k: v for k, v in replica.state.items() if np.ndim(v) == 2}
                 scalars = {k: v for k, v in replica.state.items() if k not in rows}
                 sparse.append((name, np.arange(replica.spec.rows), replica.table, rows, scalars))
-            dense = (self.dense, self.dense_state)
+            dense = ({k: to_host(v) for k, v in self.dense.items()},
+                     {k: {s: to_host(v) for s, v in slots.items()}
+                      for k, slots in self.dense_state.items()})
         start = time.perf_counter()
         path = ckpt.save(topo.comm, self.run_dir, step, dense=dense, sparse=sparse, meta=meta,
                          keep=self.config["keep_checkpoints"], job_id=self.job_id)
@@ -275,9 +278,11 @@ class Trainer:
                     if name not in params or params[name].shape != self.dense[name].shape:
                         raise CheckpointError(f"{path}/dense.h5: parameter {name!r} missing or "
                                               f"of another shape")
-                    self.dense[name][...] = params[name]
+                    xp = self.device.xp
+                    self.dense[name][...] = xp.asarray(params[name])
                     for slot, value in self.dense_state[name].items():
-                        value[...] = state[name][slot]
+                        value[...] = xp.asarray(state[name][slot]) if slot != "step" \
+                            else state[name][slot]
         except CheckpointError as exc:
             error = str(exc)
         errors = [e for e in topo.comm.allgather(error) if e]
@@ -313,6 +318,9 @@ class Trainer:
 
         topo, config = self.topology, self.config
         self._is_leader = topo.is_worker and topo.worker_index == 0
+        # Servers are CPU processes; each worker takes GPU (local worker rank % count).
+        self.device = (select_device(topo.node_workers.Get_rank(), config["device"])
+                       if topo.is_worker else Device("cpu"))
         self.checkpoint_seconds = 0.0
         self.last_checkpoint = None
         wall_start = time.perf_counter()
@@ -353,9 +361,10 @@ class Trainer:
                                                              seed=config["seed"])
             elif entry.get("owners"):
                 self.ps.repartition(spec.name, len(entry["owners"]), entry["owners"])
-        self.dense = self.model.init_dense()
+        xp = self.device.xp
+        self.dense = {k: xp.asarray(v) for k, v in self.model.init_dense().items()}
         self.optimizer = make_optimizer(config["optimizer"], lr=config["lr"])
-        self.dense_state = {name: self.optimizer.init_state(p.shape, p.dtype, np)
+        self.dense_state = {name: self.optimizer.init_state(p.shape, p.dtype, xp)
                             for name, p in self.dense.items()}
         self.allreduce = DenseAllreduce(topo, {n: (p.shape, p.dtype) for n, p in self.dense.items()},
                                         op="mean", bucket_bytes=config["bucket_bytes"] or None)
@@ -407,9 +416,15 @@ class Trainer:
 
     # ------------------------------------------------------------------ steps
     def _pull(self, name, ids):
+        """``(unique ids, rows)`` of ``name`` on this worker's device."""
         if name in self.replicated:
-            return self.replicated[name].pull_unique(ids)
-        return self.ps.pull_unique(name, ids)
+            unique, rows = self.replicated[name].pull_unique(ids)
+        else:
+            unique, rows = self.ps.pull_unique(name, ids)
+        if self.device.kind == "gpu":
+            xp = self.device.xp
+            return xp.asarray(unique), xp.asarray(rows)
+        return unique, rows
 
     def _push(self, name, indices, values):
         from .sparse_grad import SparseGrad
@@ -418,6 +433,15 @@ class Trainer:
         if name in self.replicated:
             return self.replicated[name].push(grad)
         return self.ps.push(name, grad)
+
+    def _batch(self, position):
+        """This worker's shard of global batch ``position``, on its device."""
+        topo = self.topology
+        batch = self.reader.batch(position, self.config["global_batch"], topo.worker_index,
+                                  topo.num_workers)
+        if self.device.kind == "gpu":
+            batch = {k: self.device.xp.asarray(v) for k, v in batch.items()}
+        return batch
 
     def train_step(self, step):
         """One BSP step on this worker; returns ``(loss, local batch, phase seconds)``.
@@ -435,8 +459,7 @@ class Trainer:
             clock = now
 
         position = step - 1
-        batch = self.reader.batch(position, config["global_batch"], topo.worker_index,
-                                  topo.num_workers)
+        batch = self._batch(position)
         ids = self.model.sparse_ids(batch, position)
         self.planning.observe(ids)
         lap("data")
@@ -545,8 +568,7 @@ class Trainer:
         totals, weight = {}, 0.0
         for k in range(config["eval_batches"]):
             position = EVAL_POSITION + k
-            batch = self.reader.batch(position, config["global_batch"], topo.worker_index,
-                                      topo.num_workers)
+            batch = self._batch(position)
             ids = self.model.sparse_ids(batch, position, full=True)
             rows = {name: self._pull(name, ids[name]) for name in self.specs}
             result = self.model.evaluate(self.dense, rows, batch, position, full=True)
@@ -632,7 +654,7 @@ class Trainer:
                 sparse[name] = self.replicated[name].read_table()
             else:
                 sparse[name] = self.ps.read_table(name)
-        return {"dense": {k: v.copy() for k, v in self.dense.items()}, "sparse": sparse}
+        return {"dense": {k: to_host(v).copy() for k, v in self.dense.items()}, "sparse": sparse}
 
     # ----------------------------------------------------------------- finish
     def _finish(self, preemption, start_step, last, train_seconds, preempted, wall_start=None):
