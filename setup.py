@@ -18,7 +18,7 @@ setup(
         "hpcpax.jobscripts": ["*.sbatch"],
         "hpcpax.planner": ["presets/*.json"],
     },
-    install_requires=["numpy>=1.24", "mpi4py>=3.1", "h5py>=3.8", "tqdm>=4.60"],
+    install_requires=["numpy>=1.24", "mpi4py>=3.1", "h5py>=3.8", "tqdm>=4.60", "threadpoolctl>=3.1"],
     extras_require={
         "mpich": ["mpi4py>=4.0", "mpich"],
         "gpu": ["cupy-cuda12x"],

@@ -21,6 +21,7 @@ import numpy as np
 
 from .accounting import Accounting
 from .errors import ConfigError, TopologyError
+from .threads import limit_threads
 
 __all__ = ["Topology", "init", "world_comm"]
 
@@ -137,18 +138,21 @@ def _node_ids(comm, ranks_per_node):
     from mpi4py import MPI
 
     shared = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
-    local = shared.Get_rank()
+    local, physical_size = shared.Get_rank(), shared.Get_size()
     leader_world = shared.bcast(comm.Get_rank(), root=0)
     shared.Free()
     virtual = local // ranks_per_node if ranks_per_node else 0
     keys = comm.allgather((leader_world, virtual))
     order = {k: i for i, k in enumerate(sorted(set(keys)))}
-    return np.array([order[k] for k in keys], np.int64)
+    return np.array([order[k] for k in keys], np.int64), physical_size
 
 
 def init(ranks_per_node: int | None = None, servers_per_node: int | None = None,
          comm=None) -> Topology:
     """Split the world into nodes, servers and workers.
+
+    Also caps this rank's BLAS and Numba threads at the host's cores divided
+    by the ranks on the host (:mod:`hpcpax.threads`; ``HPCPAX_THREADS``).
 
     **Collective** over ``comm`` (default ``MPI.COMM_WORLD``). A process
     started without ``mpirun`` is a valid one-rank world.
@@ -186,7 +190,8 @@ def init(ranks_per_node: int | None = None, servers_per_node: int | None = None,
     if not isinstance(servers_per_node, (int, np.integer)) or servers_per_node < 0:
         raise ConfigError(f"servers_per_node must be an int >= 0, not {servers_per_node!r}")
 
-    node_of = _node_ids(comm, ranks_per_node)
+    node_of, ranks_on_host = _node_ids(comm, ranks_per_node)
+    limit_threads(ranks_on_host)
     node = int(node_of[rank])
     on_node = [r for r in range(size) if node_of[r] == node]
     local_rank, local_size = on_node.index(rank), len(on_node)

@@ -70,13 +70,20 @@ def default_threads() -> int:
     return _DEFAULT_THREADS
 
 
+def set_default_threads(threads: int) -> None:
+    """Set :func:`default_threads` (e.g. from the MPI layout, by :func:`hpcpax.init`)."""
+    global _DEFAULT_THREADS
+    _DEFAULT_THREADS = max(1, int(threads))
+
+
 @contextmanager
 def threads_for(work: int):
     """Run the Numba kernels in this block on 1 thread for small ``work``,
     else on :func:`default_threads`."""
     import numba  # noqa: PLC0415
 
-    wanted = 1 if work < SERIAL_BELOW else default_threads()
+    wanted = 1 if work < SERIAL_BELOW else min(default_threads(),
+                                               numba.config.NUMBA_NUM_THREADS)
     previous = numba.get_num_threads()
     if wanted == previous:
         yield
