@@ -22,7 +22,9 @@ def main():
     if rank != 0:  # one readable stream; the others go to their logs
         os.dup2(log.fileno(), 1)
         os.dup2(log.fileno(), 2)
-    code = pytest.main(["--with-mpi", f"--junitxml={report_dir}/rank{rank}.xml", *args])
+    # --with-mpi would override --only-mpi in pytest-mpi: pass exactly one
+    mode = [] if "--only-mpi" in args else ["--with-mpi"]
+    code = pytest.main([*mode, f"--junitxml={report_dir}/rank{rank}.xml", *args])
     failed = MPI.COMM_WORLD.allreduce(int(code not in (0, 5)), op=MPI.SUM)
     sys.stdout.flush()
     if rank == 0 and failed:
