@@ -50,5 +50,36 @@ def main(argv=None, *, comm=None, hooks=()) -> int:
     return 0
 
 
+def _main_aborting_on_error() -> int:
+    """:func:`main`, but an uncaught error on one rank aborts every rank.
+
+    What ``python -m mpi4py`` does, built in, so that the README's plain
+    ``mpirun -n 4 python -m hpcpax.train`` cannot leave ranks waiting forever
+    in a collective for one that died.
+    """
+    try:
+        return main()
+    except BaseException as exc:  # noqa: BLE001 - anything uncaught ends the job
+        if isinstance(exc, SystemExit) and not exc.code:
+            raise
+        from .errors import HpcpaxError
+
+        if isinstance(exc, HpcpaxError):  # a diagnosed problem: its message says it all
+            print(f"hpcpax.train: error on rank {_world_rank()}: {exc}", file=sys.stderr)
+        else:
+            import traceback
+
+            traceback.print_exc()
+        sys.stderr.flush()
+        try:
+            from mpi4py import MPI
+
+            if MPI.Is_initialized() and not MPI.Is_finalized() and MPI.COMM_WORLD.Get_size() > 1:
+                MPI.COMM_WORLD.Abort(1)
+        except ImportError:  # pragma: no cover
+            pass
+        return 1
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(_main_aborting_on_error())
