@@ -91,8 +91,8 @@ FLAGS = (
          minimum=0),
     # run directory, checkpoints, evaluation
     Flag("run_dir", "str", None, "output directory (default runs/<timestamp>)"),
-    Flag("checkpoint_every", "int", 0, "checkpoint every N steps (0: only at the end "
-         "and on preemption)", minimum=0),
+    Flag("checkpoint_every", "int", 0, "checkpoint every N steps and after the last one "
+         "(0: only on preemption)", minimum=0),
     Flag("keep_checkpoints", "int", 3, "keep the newest K checkpoints (0: all)", minimum=0),
     Flag("resume", "bool", False, "continue from RUN_DIR's newest complete checkpoint"),
     Flag("eval_every", "int", 0, "evaluate every N steps (0: never)", minimum=0),

@@ -1,0 +1,41 @@
+"""Test helper: ``python -m hpcpax.train`` with fault-injection hooks (tests only).
+
+Started by the reliability tests under their own ``mpirun``. Environment:
+
+- ``RELIABILITY_PID_DIR``: each rank writes ``rank<R>.pid`` there at start;
+- ``RELIABILITY_HANG_RANK`` / ``RELIABILITY_HANG_STEP``: that (worker) rank
+  sleeps forever after that step, outside any guarded operation, so the
+  other ranks block in the next step's first collective.
+"""
+
+import os
+import sys
+import time
+
+from mpi4py import MPI
+
+from hpcpax.train import main
+
+
+def hang_hook():
+    rank, step = os.environ.get("RELIABILITY_HANG_RANK"), os.environ.get("RELIABILITY_HANG_STEP")
+    if rank is None or int(rank) != MPI.COMM_WORLD.Get_rank():
+        return []
+
+    def hook(trainer, done):
+        if done == int(step):
+            print(f"[rank {rank}] test hook: hanging after step {done}", file=sys.stderr,
+                  flush=True)
+            while True:
+                time.sleep(1)
+
+    return [hook]
+
+
+if __name__ == "__main__":
+    pid_dir = os.environ.get("RELIABILITY_PID_DIR")
+    if pid_dir:
+        rank = MPI.COMM_WORLD.Get_rank()
+        with open(os.path.join(pid_dir, f"rank{rank}.pid"), "w", encoding="ascii") as handle:
+            handle.write(str(os.getpid()))
+    sys.exit(main(hooks=hang_hook()))

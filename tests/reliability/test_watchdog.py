@@ -1,0 +1,136 @@
+"""No silent hang: a dead, stopped or hanging rank ends the job, named, in bounded time.
+
+The fault tests start their own ``mpirun -n 4`` (1 server, 3 workers) with
+``HPCPAX_TIMEOUT=8`` and run in the serial suite only.
+"""
+
+import os
+import signal
+import threading
+import time
+
+import pytest
+from mpi4py import MPI
+
+from hpcpax.errors import ConfigError
+from hpcpax.watchdog import DEFAULT_TIMEOUT, Watchdog, resolve_timeout
+from reliability_jobs import TINY, Job, serial_only
+
+TIMEOUT = 8
+BOUND = 30  # seconds from the injection to the end of the job
+
+
+def test_mpi4py_runs_thread_multiple():
+    assert MPI.Query_thread() == MPI.THREAD_MULTIPLE
+
+
+def test_timeout_resolution(monkeypatch):
+    monkeypatch.delenv("HPCPAX_TIMEOUT", raising=False)
+    assert resolve_timeout() == DEFAULT_TIMEOUT
+    monkeypatch.setenv("HPCPAX_TIMEOUT", "12.5")
+    assert resolve_timeout() == 12.5 and resolve_timeout(3) == 3.0
+    monkeypatch.setenv("HPCPAX_TIMEOUT", "soon")
+    with pytest.raises(ConfigError, match="HPCPAX_TIMEOUT"):
+        resolve_timeout()
+    with pytest.raises(ConfigError, match=">= 0"):
+        resolve_timeout(-1)
+
+
+def test_disabled_watchdog_does_nothing():
+    dog = Watchdog(MPI.COMM_SELF, 0)
+    assert not dog.enabled
+    with dog.guard("x"):
+        pass
+    dog.close()
+
+
+def test_guard_fires_with_a_report_in_process():
+    fired = threading.Event()
+    reports = []
+
+    def abort(report):
+        reports.append(report)
+        fired.set()
+
+    dog = Watchdog(MPI.COMM_SELF, 0.3, grace=0.2, abort=abort)
+    with dog.guard("quick"):
+        pass
+    assert dog.status()["ops"] == 1 and dog.status()["last"] == "quick"
+    with dog.guard("step 17"):
+        assert fired.wait(10)
+    dog.close()
+    assert "rank 0 stuck" in reports[0] and "'step 17'" in reports[0]
+    assert "HPCPAX_TIMEOUT=0.3" in reports[0]
+
+
+def _start(tmp_path, steps=400, **env):
+    run_dir = tmp_path / "run"
+    job = Job(4, ["--steps", str(steps), "--run-dir", str(run_dir), *TINY], tmp_path,
+              limit=150, HPCPAX_TIMEOUT=TIMEOUT, **env)
+    return job, run_dir
+
+
+def _ended(job, injected):
+    status = job.wait(BOUND + 30)
+    elapsed = time.monotonic() - injected
+    text = job.output()
+    print(f"--- job ended {elapsed:.1f} s after the injection, exit {status}\n{text[-3000:]}")
+    return status, elapsed, text
+
+
+@pytest.mark.timeout(150)
+def test_hanging_worker_is_named_by_the_watchdog(tmp_path):
+    """Rank 3 (a worker) sleeps forever between steps: the others report it and abort."""
+    serial_only()
+    job, run_dir = _start(tmp_path, RELIABILITY_HANG_RANK=3, RELIABILITY_HANG_STEP=4)
+    try:
+        job.wait_for_step(run_dir, 4)
+        injected = time.monotonic()
+        status, elapsed, text = _ended(job, injected)
+    finally:
+        job.kill()
+    assert status != 0 and elapsed < BOUND
+    assert "hpcpax watchdog: rank" in text and "stuck" in text and "'step 5'" in text
+    assert "rank 3 idle" in text and "after 'step 4'" in text
+    assert text.count("aborting the job") == 1  # one report, not one per rank
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("victim", [3, 0], ids=["worker", "server"])
+def test_stopped_rank_is_named_as_not_answering(tmp_path, victim):
+    """SIGSTOP one rank (a hang MPI cannot see): the watchdog names it as silent."""
+    serial_only()
+    job, run_dir = _start(tmp_path)
+    try:
+        pids = job.pids()
+        job.wait_for_step(run_dir, 3)
+        os.kill(pids[victim], signal.SIGSTOP)
+        injected = time.monotonic()
+        status, elapsed, text = _ended(job, injected)
+    finally:
+        job.kill()
+    assert status != 0 and elapsed < BOUND
+    assert f"no answer from ranks [{victim}] (dead or stopped?)" in text
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("victim", [3, 0], ids=["worker", "server"])
+def test_killed_rank_ends_the_job(tmp_path, victim):
+    """kill -9 one rank: the job must end non-zero, in bounded time.
+
+    MPICH's hydra usually tears the job down itself, naming the PID; when it
+    does not, the watchdog names the rank. Either is accepted, a hang is not.
+    """
+    serial_only()
+    job, run_dir = _start(tmp_path)
+    try:
+        pids = job.pids()
+        job.wait_for_step(run_dir, 3)
+        os.kill(pids[victim], signal.SIGKILL)
+        injected = time.monotonic()
+        status, elapsed, text = _ended(job, injected)
+    finally:
+        job.kill()
+    assert status != 0 and elapsed < BOUND
+    by_hydra = "BAD TERMINATION" in text and ("signal 9" in text or "EXIT CODE: 9" in text)
+    assert by_hydra or f"no answer from ranks [{victim}]" in text, text
