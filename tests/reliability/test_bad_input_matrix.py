@@ -81,7 +81,9 @@ def test_bad_sparse_input(comm, case):
                 ps.pull("emb", bad if offender else np.array([0, 1]))
         message = str(info.value)
         ok = words in message if offender else "rank" in message
-        return ok and np.array_equal(before, ps.read_table("emb"))
+        ok &= np.array_equal(before, ps.read_table("emb"))
+        ps.push("emb", _grad([0, 1]))  # the next good step still applies
+        return ok and not np.array_equal(before, ps.read_table("emb"))
 
     assert comm.allreduce(_session(body), op=MPI.LAND)
 
