@@ -7,6 +7,9 @@ from hpcpax.errors import ConfigError
 from hpcpax.models import CTRModel
 from hpcpax.models.layers import sigmoid, softplus
 
+import model_checks
+from model_checks import check_dense_gradients, check_sparse_gradients, dedup
+
 STEP = 2
 
 
@@ -18,27 +21,11 @@ def small_model(**flags):
 
 
 def full_tables(model, seed=12):
-    rng = np.random.default_rng(seed)
-    return {spec.name: rng.uniform(-0.8, 0.8, size=(spec.rows, spec.dim)) for spec in model.sparse_specs()}
+    return model_checks.full_tables(model, seed, 0.8)
 
 
 def pull(model, tables, batch, step):
-    needed = model.sparse_ids(batch, step)
-    rows = {}
-    for name, table in tables.items():
-        ids = np.unique(np.concatenate([needed[name], [0]]))  # row 0 may be unused: a superset
-        rows[name] = (ids, table[ids].copy())
-    return rows
-
-
-def dedup(model, sparse_grads):
-    out = {}
-    for spec in model.sparse_specs():
-        indices, values = sparse_grads[spec.name]
-        total = np.zeros((spec.rows, spec.dim))
-        np.add.at(total, indices, values)
-        out[spec.name] = total
-    return out
+    return model_checks.pull(model, tables, batch, step, extra=1)  # row 0 may be unused
 
 
 def reference_logits(model, dense, tables, batch):
@@ -86,35 +73,9 @@ def test_finite_difference_dense_and_sparse():
     rows = pull(model, full_tables(model), batch, STEP)
     result = model.forward_backward(dense, rows, batch, STEP)
     assert set(result.dense_grads) == set(dense)
-    eps = 1e-6
-
-    def loss_now():
-        return model.forward_backward(dense, rows, batch, STEP).loss
-
-    for name, param in dense.items():
-        assert result.dense_grads[name].shape == param.shape
-        for flat in rng.choice(param.size, size=min(4, param.size), replace=False):
-            index = np.unravel_index(flat, param.shape)
-            keep = param[index]
-            param[index] = keep + eps
-            up = loss_now()
-            param[index] = keep - eps
-            down = loss_now()
-            param[index] = keep
-            assert (up - down) / (2 * eps) == pytest.approx(result.dense_grads[name][index], rel=1e-6, abs=1e-9)
-
-    summed = dedup(model, result.sparse_grads)
-    for name, (ids, table_rows) in rows.items():
-        for position in range(len(ids)):
-            column = rng.integers(table_rows.shape[1])
-            keep = table_rows[position, column]
-            table_rows[position, column] = keep + eps
-            up = loss_now()
-            table_rows[position, column] = keep - eps
-            down = loss_now()
-            table_rows[position, column] = keep
-            expected = summed[name][ids[position], column]
-            assert (up - down) / (2 * eps) == pytest.approx(expected, rel=1e-6, abs=1e-9)
+    check_dense_gradients(model, dense, rows, batch, STEP, result, rng)
+    check_sparse_gradients(model, dense, rows, batch, STEP, result, rng,
+                           lambda ids: range(len(ids)))
 
 
 def test_two_half_batches_average_to_full_batch_and_determinism():

@@ -7,6 +7,9 @@ from hpcpax.errors import ConfigError, SparseIndexError
 from hpcpax.models import LanguageModel, log_uniform_log_expected_count, log_uniform_sample
 from hpcpax.models.layers import logsumexp
 
+import model_checks
+from model_checks import check_dense_gradients, check_sparse_gradients, dedup, pull
+
 STEP = 7
 
 
@@ -18,29 +21,7 @@ def small_model(**flags):
 
 
 def full_tables(model, seed=11):
-    rng = np.random.default_rng(seed)
-    return {spec.name: rng.uniform(-0.5, 0.5, size=(spec.rows, spec.dim)) for spec in model.sparse_specs()}
-
-
-def pull(model, tables, batch, step, extra=3, full=False):
-    """rows as the library gives them: sorted unique ids (plus a few unused ones)."""
-    needed = model.sparse_ids(batch, step, full=full)
-    rows = {}
-    for name, table in tables.items():
-        ids = np.unique(np.concatenate([needed[name], np.arange(extra)]))
-        rows[name] = (ids, table[ids].copy())
-    return rows
-
-
-def dedup(model, sparse_grads):
-    """Sum raw per-occurrence grads into full-size tables (what the library does)."""
-    out = {}
-    for spec in model.sparse_specs():
-        indices, values = sparse_grads[spec.name]
-        total = np.zeros((spec.rows, spec.dim))
-        np.add.at(total, indices, values)
-        out[spec.name] = total
-    return out
+    return model_checks.full_tables(model, seed, 0.5)
 
 
 def test_finite_difference_dense_and_sparse():
@@ -51,36 +32,10 @@ def test_finite_difference_dense_and_sparse():
     result = model.forward_backward(dense, rows, batch, STEP)
     assert set(result.dense_grads) == set(dense)
     rng = np.random.default_rng(0)
-    eps = 1e-6
-
-    def loss_now():
-        return model.forward_backward(dense, rows, batch, STEP).loss
-
-    for name, param in dense.items():
-        assert result.dense_grads[name].shape == param.shape
-        for flat in rng.choice(param.size, size=min(4, param.size), replace=False):
-            index = np.unravel_index(flat, param.shape)
-            keep = param[index]
-            param[index] = keep + eps
-            up = loss_now()
-            param[index] = keep - eps
-            down = loss_now()
-            param[index] = keep
-            assert (up - down) / (2 * eps) == pytest.approx(result.dense_grads[name][index], rel=1e-6, abs=1e-9)
-
-    summed = dedup(model, result.sparse_grads)
-    for name, (ids, table_rows) in rows.items():
-        # Include an unused pulled row (grad 0) and several used ones.
-        for position in list(rng.choice(len(ids), size=4, replace=False)) + [0]:
-            column = rng.integers(table_rows.shape[1])
-            keep = table_rows[position, column]
-            table_rows[position, column] = keep + eps
-            up = loss_now()
-            table_rows[position, column] = keep - eps
-            down = loss_now()
-            table_rows[position, column] = keep
-            expected = summed[name][ids[position], column]
-            assert (up - down) / (2 * eps) == pytest.approx(expected, rel=1e-6, abs=1e-9)
+    check_dense_gradients(model, dense, rows, batch, STEP, result, rng)
+    # an unused pulled row (position 0: grad 0) and several used ones
+    check_sparse_gradients(model, dense, rows, batch, STEP, result, rng,
+                           lambda ids: list(rng.choice(len(ids), size=4, replace=False)) + [0])
 
 
 def test_finite_difference_relu_two_hidden_layers():
