@@ -84,12 +84,16 @@ class Trainer:
         self.losses = []
 
     # ------------------------------------------------------------------ setup
-    def _log(self, text, everyone=False):
+    def _log(self, text, everyone=False, important=False):
+        """Print on the first worker (every rank with ``everyone`` and
+        ``--verbose-ranks``); ``--quiet`` keeps only ``important`` lines."""
+        if self.config["quiet"] and not (important or everyone):
+            return
         if self._is_leader or (everyone and self.config["verbose_ranks"]):
             prefix = "" if self._is_leader and not everyone else f"[rank {self.topology.rank}] "
             if self._bar is not None:
                 self._bar.write(prefix + text)
-            elif not self.config["quiet"] or everyone:
+            else:
                 print(prefix + text, flush=True)
 
     def _make_run_dir(self):
@@ -249,7 +253,7 @@ class Trainer:
                 "data_position": step, "rng": "counter-based (seed, step): nothing to save",
                 "job_id": self.job_id}
         path = self._command("save", step=step, meta=json_safe(meta))
-        self._log(f"checkpoint written: {path}")
+        self._log(f"checkpoint written: {path}", important=True)
         return path
 
     def _training_fingerprint(self):
@@ -554,7 +558,8 @@ class Trainer:
             loop["metrics"].write({"step": step, "eval": self.evaluate(step)})
         if stop:
             loop["stopped"] = True
-            self._log(f"preemption signal: checkpoint after step {step}, then exit")
+            self._log(f"preemption signal: checkpoint after step {step}, then exit",
+                      important=True)
             self.save_checkpoint(step)
         elif config["checkpoint_every"] and (step % config["checkpoint_every"] == 0
                                              or step == config["steps"]):
