@@ -358,18 +358,20 @@ class DenseAllreduce:
             arrays = list(grads)
         else:
             raise TypeError(f"grads must be a dict or a list, not {type(grads).__name__}")
-        device = None
+        # Called every step on up to thousands of tensors: one cheap pass,
+        # the detailed message only when something is wrong.
+        kind = type(arrays[0]) if arrays else None
         for name, shape, dtype, a in zip(self.names, self.shapes, self.dtypes, arrays):
-            if not hasattr(a, "shape") or tuple(a.shape) != shape or a.dtype != dtype:
-                raise ValueError(f"tensor {name!r} must be an array of shape {shape} and dtype "
-                                 f"{dtype}, not {getattr(a, 'shape', type(a))} "
-                                 f"{getattr(a, 'dtype', '')}")
-            on_device = is_device_array(a)
-            if device is None:
-                device = on_device
-            elif on_device != device:
-                raise ValueError("grads must all be NumPy arrays or all CuPy arrays, not a mix")
-        return arrays, bool(device)
+            if type(a) is not kind or getattr(a, "shape", None) != shape or a.dtype != dtype:
+                if type(a) is not kind and hasattr(a, "shape") and hasattr(arrays[0], "shape") \
+                        and is_device_array(a) != is_device_array(arrays[0]):
+                    raise ValueError("grads must all be NumPy arrays or all CuPy arrays, "
+                                     "not a mix")
+                if not hasattr(a, "shape") or tuple(a.shape) != shape or a.dtype != dtype:
+                    raise ValueError(f"tensor {name!r} must be an array of shape {shape} and "
+                                     f"dtype {dtype}, not {getattr(a, 'shape', type(a))} "
+                                     f"{getattr(a, 'dtype', '')}")
+        return arrays, bool(arrays) and is_device_array(arrays[0])
 
     def _bucket_buffers(self, xp, on_device):
         """Fusion buffers for this device, and each tensor's reshaped view into them."""
@@ -491,7 +493,11 @@ class DenseAllreduce:
         self._pending = None
         while in_flight:
             self._complete(in_flight.popleft(), transport, arrays, xp)
-        seconds = self._seconds + time.perf_counter() - begin
+        self._account_step(self._seconds + time.perf_counter() - begin)
+        return grads
+
+    def _account_step(self, seconds):
+        """Count one reduction of every tensor (bytes by the formula) and its time."""
         if self.accounting is not None:
             if self._account_group is None:
                 names, sent, recv, sent_inter, recv_inter = zip(*self._account) \
@@ -502,9 +508,36 @@ class DenseAllreduce:
                     sent_intra_bytes=[a - b for a, b in zip(sent, sent_inter)],
                     recv_intra_bytes=[a - b for a, b in zip(recv, recv_inter)])
             self.accounting.record_group(self._account_group, seconds)
-        return grads
 
     def allreduce(self, grads):
-        """:meth:`start` then :meth:`wait`; **collective** over the workers."""
-        self.start(grads)
-        return self.wait()
+        """Reduce ``grads`` now; **collective** over the workers.
+
+        Nothing can overlap a synchronous call, and without an MPI progress
+        thread a nonblocking collective advances only inside MPI calls, so
+        each fusion buffer goes through a blocking ``Allreduce`` (MPICH's
+        blocking algorithms are also faster than its nonblocking schedules).
+        Use :meth:`start`/:meth:`wait` to overlap with compute.
+        """
+        if self._pending is not None:
+            raise RuntimeError("allreduce() called between start() and wait()")
+        arrays, on_device = self._arrays(grads)
+        begin = time.perf_counter()
+        xp = array_module(arrays[0]) if arrays else np
+        transport = make_transport("gpu" if on_device else "cpu",
+                                   cuda_aware=False if on_device and self.wire_dtype else None)
+        buffers, views = self._bucket_buffers(xp, on_device)
+        for bucket, buffer, bucket_views in zip(self._buckets, buffers, views):
+            if bucket["direct"]:
+                buffer = self._direct_buffer(bucket, arrays, xp)
+            else:
+                self._pack(bucket, buffer, bucket_views, arrays, xp)
+            if not self.hierarchical:
+                transport.allreduce(self.comm, buffer, bucket["op"])
+            else:
+                transport.reduce(self.node_comm, buffer, bucket["op"], root=0)
+                if self.leader_comm is not None and self.leader_comm.Get_size() > 1:
+                    transport.allreduce(self.leader_comm, buffer, bucket["op"])
+                transport.bcast(self.node_comm, buffer, root=0)
+            self._unpack(bucket, buffer, bucket_views, arrays, xp)
+        self._account_step(time.perf_counter() - begin)
+        return grads

@@ -152,17 +152,12 @@ def _link(comm, node_of, want_same_node, budget_s):
     return comm.bcast(model, root=0)
 
 
-def _pipelined_allreduce(comm, buf, bucket_elems, in_flight=2):
-    """Allreduce ``buf`` in buckets with at most ``in_flight`` outstanding."""
+def _bucketed_allreduce(comm, buf, bucket_elems):
+    """Allreduce ``buf`` bucket by bucket, as ``DenseAllreduce.allreduce`` does."""
     from mpi4py import MPI
 
-    requests = []
     for offset in range(0, buf.size, bucket_elems):
-        view = buf[offset:offset + bucket_elems]
-        requests.append(comm.Iallreduce(MPI.IN_PLACE, view))
-        if len(requests) >= in_flight:
-            requests.pop(0).Wait()
-    MPI.Request.Waitall(requests)
+        comm.Allreduce(MPI.IN_PLACE, buf[offset:offset + bucket_elems])
 
 
 def autotune_bucket_bytes(comm, candidates=BUCKET_CANDIDATES, budget_s=0.3) -> int:
@@ -193,7 +188,7 @@ def autotune_bucket_bytes(comm, candidates=BUCKET_CANDIDATES, budget_s=0.3) -> i
     if key in _BUCKET_CACHE:
         return _BUCKET_CACHE[key]
     # Time the engine's own pattern: a fixed total cut into buckets of each
-    # candidate size, pipelined two in flight, candidates interleaved over
+    # candidate size, reduced one after the other, candidates interleaved over
     # rounds and judged by their median, so a burst of noise on a shared
     # machine cannot crown one size.
     total = max(candidates) * 2
@@ -206,7 +201,7 @@ def autotune_bucket_bytes(comm, candidates=BUCKET_CANDIDATES, budget_s=0.3) -> i
         for size in candidates:
             comm.Barrier()
             start = time.perf_counter()
-            _pipelined_allreduce(comm, buf, size // 4)
+            _bucketed_allreduce(comm, buf, size // 4)
             seconds[size].append(comm.allreduce(time.perf_counter() - start, op=MPI.MAX))
         # same decision on every rank: rank 0's clock
         if round_index and comm.bcast(time.perf_counter() > deadline, root=0):

@@ -146,9 +146,20 @@ class CpuTransport:
     def _host(self, buffer):
         return buffer
 
+    def _blocking(self, buffer, call, copy_in=True, copy_out=True):
+        """Run the blocking MPI ``call`` on the buffer MPI may see."""
+        call(buffer)
+        return buffer
+
     def allreduce(self, comm, buffer, op="sum"):
-        """Sum (or ``op``) ``buffer`` over ``comm``, in place."""
-        return self.iallreduce(comm, buffer, op).wait()
+        """Sum (or ``op``) ``buffer`` over ``comm``, in place (blocking ``MPI_Allreduce``)."""
+        from mpi4py import MPI
+
+        _check_buffer(buffer)
+        op = mpi_op(op)
+        if comm.Get_size() == 1:
+            return buffer
+        return self._blocking(buffer, lambda b: comm.Allreduce(MPI.IN_PLACE, b, op))
 
     def iallreduce(self, comm, buffer, op="sum"):
         """Start :meth:`allreduce`; returns a request whose ``wait()`` returns the buffer."""
@@ -162,7 +173,15 @@ class CpuTransport:
 
     def reduce(self, comm, buffer, op="sum", root=0):
         """Reduce ``buffer`` onto ``root``, in place there; other ranks' buffers are unchanged."""
-        return self.ireduce(comm, buffer, op, root).wait()
+        from mpi4py import MPI
+
+        _check_buffer(buffer)
+        op = mpi_op(op)
+        if comm.Get_size() == 1:
+            return buffer
+        if comm.Get_rank() == root:
+            return self._blocking(buffer, lambda b: comm.Reduce(MPI.IN_PLACE, b, op, root))
+        return self._blocking(buffer, lambda b: comm.Reduce(b, None, op, root), copy_out=False)
 
     def ireduce(self, comm, buffer, op="sum", root=0):
         """Start :meth:`reduce`."""
@@ -178,7 +197,12 @@ class CpuTransport:
 
     def bcast(self, comm, buffer, root=0):
         """Copy ``root``'s buffer into every rank's buffer."""
-        return self.ibcast(comm, buffer, root).wait()
+        _check_buffer(buffer)
+        if comm.Get_size() == 1:
+            return buffer
+        is_root = comm.Get_rank() == root
+        return self._blocking(buffer, lambda b: comm.Bcast(b, root), copy_in=is_root,
+                              copy_out=not is_root)
 
     def ibcast(self, comm, buffer, root=0):
         """Start :meth:`bcast`."""
@@ -195,6 +219,11 @@ class CudaAwareTransport(CpuTransport):
     """
 
     kind = "cuda_aware"
+
+    def _blocking(self, buffer, call, copy_in=True, copy_out=True):
+        synchronize(buffer)
+        call(buffer)
+        return buffer
 
     def iallreduce(self, comm, buffer, op="sum"):
         synchronize(buffer)
@@ -252,6 +281,19 @@ class HostStagedTransport(CpuTransport):
             synchronize(buffer)
             buffer.get(out=host)
         return entry, host
+
+    def _blocking(self, buffer, call, copy_in=True, copy_out=True):
+        if not is_device_array(buffer):
+            call(buffer)
+            return buffer
+        entry, host = self._stage(buffer, copy_in)
+        try:
+            call(host)
+            if copy_out:
+                buffer.set(host)
+        finally:
+            self._pool.release(entry)
+        return buffer
 
     def _run(self, buffer, start, copy_in=True, copy_out=True):
         if not is_device_array(buffer):
