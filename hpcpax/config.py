@@ -58,7 +58,7 @@ FLAGS = (
          minimum=2),
     Flag("shuffle", "bool", False, "per-epoch shuffle of the sample order"),
     # optimization
-    Flag("steps", "int", 100, "training steps", minimum=1),
+    Flag("steps", "int", 300, "training steps", minimum=1),
     Flag("global_batch", "int", 192, "examples per step over all workers", minimum=1),
     Flag("optimizer", "str", "adam", "dense optimizer", ("sgd", "momentum", "adagrad", "adam")),
     Flag("lr", "float", 0.003, "dense learning rate", minimum=0.0),
