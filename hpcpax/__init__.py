@@ -1,9 +1,15 @@
 """hpcpax: sparsity-aware hybrid data parallelism (Parallax) for MPI codes.
 
-Importing the package imports no CuPy and compiles nothing.
+The primitives a user's own mpi4py program needs are here: :func:`init`
+(topology), :class:`ParameterServer` with :class:`SparseVariableSpec` and
+:class:`SparseGrad` (sparse push/pull), :class:`DenseAllreduce` (fused dense
+allreduce), the kernels in :mod:`hpcpax.ops`. ``python -m hpcpax.train`` is the
+ready-made trainer. Importing the package imports no CuPy or Numba and
+compiles nothing.
 """
 
 from .accounting import Accounting
+from .allreduce import DenseAllreduce
 from .consistency import check_same
 from .errors import (
     CheckpointError,
@@ -17,12 +23,20 @@ from .errors import (
     SparseIndexError,
     TopologyError,
 )
+from .ps import ParameterServer, SparseVariableSpec
+from .sparse_grad import SparseGrad
+from .sparse_replicated import ReplicatedTable
 from .topology import Topology, init
 
 __version__ = "0.1.0"
 
 __all__ = [
     "Accounting",
+    "DenseAllreduce",
+    "ParameterServer",
+    "ReplicatedTable",
+    "SparseGrad",
+    "SparseVariableSpec",
     "CheckpointError",
     "CommTimeoutError",
     "ConfigError",
