@@ -9,8 +9,6 @@ gradients (the servers apply Adagrad to the rows) and averages the dense
 gradients with one fused allreduce before its local Adam step.
 """
 
-import numpy as np
-from mpi4py import MPI
 
 import hpcpax
 from hpcpax.allreduce import DenseAllreduce

@@ -26,7 +26,6 @@ worker makes every worker raise together instead of deadlocking.
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import asdict, dataclass, field
 

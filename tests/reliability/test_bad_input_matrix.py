@@ -223,5 +223,5 @@ def test_mismatched_config_names_field_and_ranks(comm, tmp_path):
     except MismatchError as exc:
         message = str(exc)
     others = list(range(last))
-    expected = [f"field 'lr' differs", f"ranks {others} have 0.003", f"ranks [{last}] have 0.5"]
+    expected = ["field 'lr' differs", f"ranks {others} have 0.003", f"ranks [{last}] have 0.5"]
     assert comm.allreduce(all(w in message for w in expected), op=MPI.LAND), message

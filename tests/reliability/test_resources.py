@@ -1,6 +1,5 @@
 """The server memory budget refuses oversized tables on every rank, before allocating."""
 
-import numpy as np
 import pytest
 from mpi4py import MPI
 

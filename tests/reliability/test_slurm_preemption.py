@@ -5,7 +5,6 @@ Slurm holds a requeued job ~2.5 min before it starts again, so this takes ~3 min
 Skips cleanly without Slurm. Serial suite only; a few minutes at most.
 """
 
-import os
 import shutil
 import subprocess
 import sys
