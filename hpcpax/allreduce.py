@@ -449,6 +449,15 @@ class DenseAllreduce:
             transport.bcast(self.node_comm, buffer, root=0)
         self._unpack(bucket, buffer, views, arrays, xp)
 
+    def _prepare(self, grads):
+        """Checked arrays, their module, the transport and the fusion buffers."""
+        arrays, on_device = self._arrays(grads)
+        xp = array_module(arrays[0]) if arrays else np
+        transport = make_transport("gpu" if on_device else "cpu",
+                                   cuda_aware=False if on_device and self.wire_dtype else None)
+        buffers, views = self._bucket_buffers(xp, on_device)
+        return arrays, xp, transport, buffers, views
+
     def start(self, grads):
         """Start reducing ``grads`` (dict or list as registered); returns at once-ish.
 
@@ -460,12 +469,8 @@ class DenseAllreduce:
         """
         if self._pending is not None:
             raise RuntimeError("start() called again before wait()")
-        arrays, on_device = self._arrays(grads)
         begin = time.perf_counter()
-        xp = array_module(arrays[0]) if arrays else np
-        transport = make_transport("gpu" if on_device else "cpu",
-                                   cuda_aware=False if on_device and self.wire_dtype else None)
-        buffers, views = self._bucket_buffers(xp, on_device)
+        arrays, xp, transport, buffers, views = self._prepare(grads)
         in_flight = deque()
         for bucket, buffer, bucket_views in zip(self._buckets, buffers, views):
             if bucket["direct"]:
@@ -520,12 +525,8 @@ class DenseAllreduce:
         """
         if self._pending is not None:
             raise RuntimeError("allreduce() called between start() and wait()")
-        arrays, on_device = self._arrays(grads)
         begin = time.perf_counter()
-        xp = array_module(arrays[0]) if arrays else np
-        transport = make_transport("gpu" if on_device else "cpu",
-                                   cuda_aware=False if on_device and self.wire_dtype else None)
-        buffers, views = self._bucket_buffers(xp, on_device)
+        arrays, xp, transport, buffers, views = self._prepare(grads)
         for bucket, buffer, bucket_views in zip(self._buckets, buffers, views):
             if bucket["direct"]:
                 buffer = self._direct_buffer(bucket, arrays, xp)

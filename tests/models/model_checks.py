@@ -72,3 +72,19 @@ def check_sparse_gradients(model, dense, rows, batch, step, result, rng, positio
             expected = summed[name][ids[position], column]
             assert central_difference(loss_now, table_rows, (position, column)) == \
                 pytest.approx(expected, rel=1e-6, abs=1e-9)
+
+
+def check_halves_average_to_full(model, dense, rows, batch, step, full):
+    """The mean of two half-batches' loss and gradients equals the full batch's."""
+    n = len(next(iter(batch.values())))
+    halves = [model.forward_backward(dense, rows, {k: v[part] for k, v in batch.items()}, step)
+              for part in (slice(0, n // 2), slice(n // 2, n))]
+    assert np.mean([half.loss for half in halves]) == pytest.approx(full.loss, abs=1e-12)
+    for name in dense:
+        mean = (halves[0].dense_grads[name] + halves[1].dense_grads[name]) / 2
+        np.testing.assert_allclose(mean, full.dense_grads[name], rtol=0, atol=1e-10)
+    full_sparse = dedup(model, full.sparse_grads)
+    half_sparse = [dedup(model, half.sparse_grads) for half in halves]
+    for name in full_sparse:
+        np.testing.assert_allclose((half_sparse[0][name] + half_sparse[1][name]) / 2,
+                                   full_sparse[name], rtol=0, atol=1e-10)

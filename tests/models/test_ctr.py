@@ -8,7 +8,8 @@ from hpcpax.models import CTRModel
 from hpcpax.models.layers import sigmoid, softplus
 
 import model_checks
-from model_checks import check_dense_gradients, check_sparse_gradients, dedup
+from model_checks import (check_dense_gradients, check_halves_average_to_full,
+                          check_sparse_gradients, dedup)
 
 STEP = 2
 
@@ -86,19 +87,7 @@ def test_two_half_batches_average_to_full_batch_and_determinism():
     full = model.forward_backward(dense, rows, batch, STEP)
     again = small_model().forward_backward(small_model().init_dense(), rows, batch, STEP)
     assert again.loss == full.loss
-    halves = [
-        model.forward_backward(dense, rows, {key: value[part] for key, value in batch.items()}, STEP)
-        for part in (slice(0, 5), slice(5, 10))
-    ]
-    assert np.mean([half.loss for half in halves]) == pytest.approx(full.loss, abs=1e-12)
-    for name in dense:
-        mean = (halves[0].dense_grads[name] + halves[1].dense_grads[name]) / 2
-        np.testing.assert_allclose(mean, full.dense_grads[name], rtol=0, atol=1e-10)
-    full_sparse = dedup(model, full.sparse_grads)
-    half_sparse = [dedup(model, half.sparse_grads) for half in halves]
-    for name in full_sparse:
-        np.testing.assert_allclose((half_sparse[0][name] + half_sparse[1][name]) / 2, full_sparse[name],
-                                   rtol=0, atol=1e-10)
+    check_halves_average_to_full(model, dense, rows, batch, STEP, full)
 
 
 def test_logistic_loss_is_stable_for_huge_logits():
