@@ -41,6 +41,7 @@ DEFAULT_TIMEOUT = 600.0
 _TAG_QUERY, _TAG_ANSWER = 7301, 7302
 _ANSWER_BYTES = 512
 _POLL_SECONDS = 0.1
+_FORWARD_SECONDS = 0.5
 
 
 def resolve_timeout(timeout=None) -> float:
@@ -183,10 +184,21 @@ class Watchdog:
             text = self.report
         print(text, file=sys.stderr, flush=True)
         if reporters:
-            time.sleep(self.grace)  # let the reporter print before the abort
+            # Let the reporter finish: it may fire up to one poll-slack
+            # second later and then waits up to ``grace`` for answers,
+            # including ours, so keep answering while we wait (a sleeping
+            # thread here made the reporter wait for us and die in our
+            # abort before it printed).
+            deadline = time.monotonic() + 2.0 * self.grace + 1.0
+            while time.monotonic() < deadline:
+                self._answer_queries()
+                time.sleep(0.02)
         if self._abort is not None:
             self._abort(self.report)
             return
+        # The launcher forwards stderr asynchronously and drops what is in
+        # flight when the abort kills the job: give the report a moment.
+        time.sleep(_FORWARD_SECONDS)
         MPI.COMM_WORLD.Abort(1)
 
     # ----------------------------------------------------------------- close

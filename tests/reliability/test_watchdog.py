@@ -63,6 +63,42 @@ def test_guard_fires_with_a_report_in_process():
     assert "HPCPAX_TIMEOUT=0.3" in reports[0]
 
 
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.timeout(60)
+def test_deferring_ranks_keep_answering_the_reporter(capsys):
+    """Ranks that time out first defer to a lower rank that is stuck too.
+
+    While they wait for it they must keep answering its query: the reporter
+    then names them as in the same operation (not silent) and prints well
+    inside its grace period. (They once slept instead; the reporter waited
+    for them and died in their abort before it printed.)
+    """
+    comm = MPI.COMM_WORLD
+    fired = threading.Event()
+    reports = []
+
+    def abort(report):
+        reports.append(report)
+        fired.set()
+
+    dog = Watchdog(comm, 1.0, grace=1.5, abort=abort)
+    comm.Barrier()
+    if comm.rank == 0:
+        time.sleep(0.5)  # the others time out first and find rank 0 stuck too
+    with dog.guard("step 1"):
+        assert fired.wait(30)
+    dog.close()
+    err = capsys.readouterr().err
+    others = list(range(1, comm.size))
+    if comm.rank == 0:
+        assert f"ranks {others} in 'step 1'" in reports[0], reports[0]
+        assert "no answer from ranks []" in reports[0], reports[0]
+        assert "rank 0 stuck" in err and "also stuck" not in err
+    else:
+        assert f"rank {comm.rank} also stuck" in err and "rank 0 reports" in err, err
+    comm.Barrier()
+
+
 def _start(tmp_path, steps=400, **env):
     run_dir = tmp_path / "run"
     job = Job(4, ["--steps", str(steps), "--run-dir", str(run_dir), *TINY], tmp_path,
