@@ -42,6 +42,7 @@ FULL_JOBS = [
     ("allreduce.py", 2, None, []), ("allreduce.py", 4, None, []),
     ("kernels.py", 1, None, []),
     ("sparse_sync.py", 4, None, ["--ranks-per-node", "2", "--servers-per-node", "0"]),
+    ("ps_batching.py", 4, 2, []),
 ]
 #: The same, tiny (``--quick``): the smallest layouts that still cross a node.
 QUICK_JOBS = [
@@ -52,6 +53,7 @@ QUICK_JOBS = [
     ("allreduce.py", 2, None, []),
     ("kernels.py", 1, None, []),
     ("sparse_sync.py", 2, None, ["--ranks-per-node", "1", "--servers-per-node", "0"]),
+    ("ps_batching.py", 2, 1, []),
 ]
 
 TARGETS = [
@@ -194,6 +196,7 @@ TABLE_COLUMNS = {
     "allreduce.py": None,
     "kernels.py": None,
     "sparse_sync.py": None,
+    "ps_batching.py": None,
 }
 
 

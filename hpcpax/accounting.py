@@ -154,6 +154,52 @@ class Accounting:
             calls=calls,
         )
 
+    def record_batched_exchange(self, phase, variables, sent_per_rank, recv_per_rank,
+                                seconds=0.0, ranks=None) -> None:
+        """Record one exchange that carried several variables at once.
+
+        The phase gets the summed bytes, the seconds and **one** call; each
+        variable gets its own exact bytes, one call (the collective that
+        carried it) and a share of the seconds proportional to its bytes
+        (sent + received; equal shares when nothing moved).
+
+        Args:
+            phase: phase name.
+            variables: the variable names, length ``K``.
+            sent_per_rank, recv_per_rank: ``[K, peers]`` bytes per variable
+                and peer (self included, not counted as traffic).
+            seconds: wall time of the whole exchange.
+            ranks: world rank of each peer (see :meth:`record_exchange`).
+        """
+        sent = np.asarray(sent_per_rank, np.int64).reshape(len(variables), -1)
+        recv = np.asarray(recv_per_rank, np.int64).reshape(len(variables), -1)
+        peers = np.arange(sent.shape[1]) if ranks is None else np.asarray(ranks, np.int64)
+        not_self = peers != self.rank
+        same_node = self.node_of[peers] == self.node_of[self.rank]
+        intra, inter = not_self & same_node, not_self & ~same_node
+        fields = {
+            "sent_bytes": sent[:, not_self].sum(axis=1),
+            "recv_bytes": recv[:, not_self].sum(axis=1),
+            "sent_intra_bytes": sent[:, intra].sum(axis=1),
+            "sent_inter_bytes": sent[:, inter].sum(axis=1),
+            "recv_intra_bytes": recv[:, intra].sum(axis=1),
+            "recv_inter_bytes": recv[:, inter].sum(axis=1),
+        }
+        moved = (sent.sum(axis=1) + recv.sum(axis=1)).astype(np.float64)
+        share = (moved / moved.sum() if moved.sum() > 0
+                 else np.full(len(variables), 1.0 / max(len(variables), 1)))
+        entry = self._phases[phase]
+        for name, values in fields.items():
+            entry[name] += int(values.sum())
+        entry["seconds"] += float(seconds)
+        entry["calls"] += 1
+        for k, variable in enumerate(variables):
+            entry = self._variables[variable]
+            for name, values in fields.items():
+                entry[name] += int(values[k])
+            entry["seconds"] += float(seconds) * float(share[k])
+            entry["calls"] += 1
+
     def record_bytes(self, phase, variable, sent=0, recv=0, sent_inter=0, recv_inter=0,
                      seconds=0.0) -> None:
         """Record a transfer counted by formula (``sent_inter`` of ``sent`` left the node)."""

@@ -4,6 +4,12 @@ Every sparse transfer of hpcpax (pull requests, pulled rows, pushed
 gradients, the intra-node exchanges of local aggregation, the allgather
 method) is one call here: rows grouped by destination, one ``Alltoall`` of
 counts, then one ``Alltoallv`` per array. Never one message per row.
+
+Several variables of one phase travel together through
+:func:`exchange_counts_many` and :func:`alltoallv_many`: one ``Alltoall`` of a
+``[peers, K]`` count matrix and one ``Alltoallv`` of bytes, whatever the
+number ``K`` of variables, so a model with many tables pays the latency of
+one exchange per phase.
 """
 
 from __future__ import annotations
@@ -12,7 +18,8 @@ import time
 
 import numpy as np
 
-__all__ = ["group_by_destination", "alltoallv_rows", "exchange_counts"]
+__all__ = ["group_by_destination", "alltoallv_rows", "exchange_counts", "exchange_counts_many",
+           "alltoallv_many"]
 
 
 def group_by_destination(dest: np.ndarray, num_dest: int, *arrays):
@@ -128,4 +135,110 @@ def _unpack_records(packed, like, widths):
         column = np.ascontiguousarray(packed[:, offset:offset + width])
         out.append(column.view(array.dtype).reshape((m,) + array.shape[1:]))
         offset += width
+    return out
+
+
+def exchange_counts_many(comm, send_counts, accounting=None, phase=None, variables=None,
+                         ranks=None) -> np.ndarray:
+    """``Alltoall`` of a ``[comm.size, K]`` int64 count matrix (K variables at once).
+
+    **Collective** over ``comm``; every rank passes the same ``K``. Returns
+    ``recv[peer, k]``, the rows of variable ``k`` that ``peer`` sends me.
+    Each variable is charged 8 bytes per peer in ``phase``.
+    """
+    from mpi4py import MPI
+
+    start = time.perf_counter()
+    send = np.ascontiguousarray(send_counts, np.int64)
+    size, k = send.shape
+    recv = np.empty_like(send)
+    comm.Alltoall([send, MPI.INT64_T], [recv, MPI.INT64_T])
+    if accounting is not None:
+        eight = np.full((k, size), 8, np.int64)
+        accounting.record_batched_exchange(phase, variables, eight, eight,
+                                           time.perf_counter() - start, ranks=ranks)
+    return recv
+
+
+def _row_bytes(arrays) -> int:
+    """Bytes of one row across ``arrays`` (the same on every rank, even when empty)."""
+    return sum(int(np.prod(a.shape[1:], dtype=np.int64)) * a.itemsize for a in arrays)
+
+
+def _as_bytes(arrays, width):
+    """Rows of ``arrays`` as one ``[n, width]`` uint8 array."""
+    if len(arrays) > 1:
+        return _pack_records(arrays)[0]
+    a = np.ascontiguousarray(arrays[0])
+    return a.reshape(a.shape[0], width // a.itemsize).view(np.uint8)
+
+
+def _from_bytes(rows, like, width):
+    """Inverse of :func:`_as_bytes` for ``rows`` (``[m, width]`` uint8)."""
+    if len(like) > 1:
+        widths = [int(np.prod(a.shape[1:], dtype=np.int64)) * a.itemsize for a in like]
+        return _unpack_records(rows, like, widths)
+    a = like[0]
+    return [np.ascontiguousarray(rows).view(a.dtype).reshape((rows.shape[0],) + a.shape[1:])]
+
+
+def alltoallv_many(comm, send_counts, recv_counts, arrays, accounting=None, phase=None,
+                   variables=None, ranks=None):
+    """Row blocks of ``K`` variables to every peer in **one** ``Alltoallv``.
+
+    **Collective** over ``comm``. Host (NumPy) buffers.
+
+    Args:
+        comm: communicator.
+        send_counts: ``[comm.size, K]`` rows of each variable for each peer.
+        recv_counts: ``[comm.size, K]`` from :func:`exchange_counts_many`.
+        arrays: ``K`` lists of arrays, each list as in :func:`alltoallv_rows`
+            (grouped by destination; the same number, per-row shapes and
+            dtypes on every rank).
+        accounting, phase: where to count the bytes.
+        variables: the ``K`` variable names (bytes counted per variable).
+        ranks: world rank of each peer of ``comm``.
+
+    Returns:
+        ``K`` lists of received arrays, rows ordered by source rank.
+
+    The message to each peer holds its segment of variable 0, then of
+    variable 1, ...; segments are copied once into the send buffer and once
+    out of the receive buffer.
+    """
+    from mpi4py import MPI
+
+    start = time.perf_counter()
+    send_counts = np.asarray(send_counts, np.int64)
+    recv_counts = np.asarray(recv_counts, np.int64)
+    size, k_vars = send_counts.shape
+    widths = np.array([_row_bytes(a) for a in arrays], np.int64)
+    packed = [_as_bytes(a, int(w)) for a, w in zip(arrays, widths)]
+    send_bytes = send_counts * widths  # [size, K]
+    recv_bytes = recv_counts * widths
+    row_start = np.zeros((size + 1, k_vars), np.int64)
+    np.cumsum(send_counts, axis=0, out=row_start[1:])
+    segments = [packed[k][row_start[d, k]:row_start[d + 1, k]].reshape(-1)
+                for d in range(size) for k in range(k_vars) if send_counts[d, k]]
+    buffer = np.concatenate(segments) if segments else np.zeros(0, np.uint8)
+    per_peer_send, per_peer_recv = send_bytes.sum(axis=1), recv_bytes.sum(axis=1)
+    sdispl = np.zeros(size, np.int64)
+    rdispl = np.zeros(size, np.int64)
+    np.cumsum(per_peer_send[:-1], out=sdispl[1:])
+    np.cumsum(per_peer_recv[:-1], out=rdispl[1:])
+    result = np.empty(int(per_peer_recv.sum()), np.uint8)
+    comm.Alltoallv([buffer, (per_peer_send, sdispl), MPI.BYTE],
+                   [result, (per_peer_recv, rdispl), MPI.BYTE])
+    # segment (source s, variable k) starts at rdispl[s] + bytes of variables < k from s
+    seg_start = rdispl[:, None] + np.cumsum(recv_bytes, axis=1) - recv_bytes
+    out = []
+    for k in range(k_vars):
+        pieces = [result[seg_start[s, k]:seg_start[s, k] + recv_bytes[s, k]]
+                  for s in range(size) if recv_counts[s, k]]
+        rows = (np.concatenate(pieces) if pieces else np.zeros(0, np.uint8))
+        out.append(_from_bytes(rows.reshape(int(recv_counts[:, k].sum()), int(widths[k])),
+                               arrays[k], int(widths[k])))
+    if accounting is not None:
+        accounting.record_batched_exchange(phase, variables, send_bytes.T, recv_bytes.T,
+                                           time.perf_counter() - start, ranks=ranks)
     return out

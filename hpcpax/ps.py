@@ -34,7 +34,13 @@ import numpy as np
 from .backend import array_module, to_host
 from .consistency import check_same
 from .errors import ConfigError, MismatchError, NonFiniteError, SparseIndexError
-from .exchange import alltoallv_rows, exchange_counts, group_by_destination
+from .exchange import (
+    alltoallv_many,
+    alltoallv_rows,
+    exchange_counts,
+    exchange_counts_many,
+    group_by_destination,
+)
 from .initializers import INITIALIZERS, init_rows
 from .ops import dedup_sum, gather_rows
 from .ops.optimizers import make_optimizer
@@ -44,9 +50,15 @@ from .sparse_grad import SparseGrad, check_indices
 
 __all__ = ["SparseVariableSpec", "ParameterServer"]
 
-OP_REGISTER, OP_PULL, OP_PUSH, OP_SHUTDOWN, OP_EXPORT, OP_REPARTITION, OP_IMPORT = range(1, 8)
+(OP_REGISTER, OP_PULL, OP_PUSH, OP_SHUTDOWN, OP_EXPORT, OP_REPARTITION, OP_IMPORT,
+ OP_PULL_MANY, OP_PUSH_MANY) = range(1, 10)
 _OP_NAMES = {OP_REGISTER: "register", OP_PULL: "pull", OP_PUSH: "push", OP_SHUTDOWN: "shutdown",
-             OP_EXPORT: "export", OP_REPARTITION: "repartition", OP_IMPORT: "import"}
+             OP_EXPORT: "export", OP_REPARTITION: "repartition", OP_IMPORT: "import",
+             OP_PULL_MANY: "pull_many", OP_PUSH_MANY: "push_many"}
+_MANY_OPS = (OP_PULL_MANY, OP_PUSH_MANY)
+#: Variables per batched operation: their indices travel as a bit mask in
+#: the header's int64 argument, relative to the header's variable index.
+MAX_BATCH = 62
 STATUS_OK, STATUS_BAD_INDEX, STATUS_NONFINITE, STATUS_BAD_TYPE, STATUS_BAD_VALUE = range(5)
 _STATUS_ERRORS = {STATUS_BAD_INDEX: SparseIndexError, STATUS_NONFINITE: NonFiniteError,
                   STATUS_BAD_TYPE: TypeError, STATUS_BAD_VALUE: ValueError}
@@ -224,6 +236,9 @@ class ParameterServer:
                     if (h[0], h[1], h[3]) != (first[0], first[1], first[3])]
         if disagree:
             def describe(h):
+                if int(h[0]) in _MANY_OPS:
+                    names = [v.spec.name for v in self._batch_vars(int(h[1]), int(h[3]))]
+                    return f"{_OP_NAMES[int(h[0])]}({', '.join(names)})"
                 name = self._by_index[h[1]].spec.name if 0 <= h[1] < len(self._by_index) else h[1]
                 return f"{_OP_NAMES.get(int(h[0]), h[0])}({name}, {int(h[3])})"
             raise MismatchError(
@@ -332,6 +347,88 @@ class ParameterServer:
         unique = np.unique(to_host(ids).astype(np.int64, copy=False))
         return unique, self._pull(name, unique, ids)
 
+    def pull_unique_many(self, ids_by_name):
+        """:meth:`pull_unique` of several variables in one exchange per phase.
+
+        **Collective**; every worker passes the same variable names (in any
+        order; ids differ). Returns ``{name: (unique sorted ids, rows)}``.
+        The variables travel together: one header, one ``Alltoall`` of
+        counts and one ``Alltoallv`` per direction (plus the intra-node
+        pair with local aggregation), whatever their number, instead of that
+        much per variable. Bytes are counted per variable as by
+        :meth:`pull_unique` (the counts travel as 8 bytes per peer and
+        variable). More than :data:`MAX_BATCH` variables of distant indices
+        take more than one exchange.
+        """
+        names = list(ids_by_name)
+        uniques = {n: np.unique(to_host(ids_by_name[n]).astype(np.int64, copy=False))
+                   for n in names}
+        variables = sorted((self._var(n) for n in names), key=lambda v: v.index)
+        if len(variables) == 1:
+            name = variables[0].spec.name
+            return {name: (uniques[name], self._pull(name, uniques[name], None))}
+        error = None
+        for var in variables:
+            try:
+                check_indices(var.spec.name, uniques[var.spec.name], var.spec.rows)
+            except SparseIndexError as exc:
+                error = error or exc
+        rows = {}
+        for group in _batches(variables):
+            base, mask = _mask_of(group)
+            workers = self._header(OP_PULL_MANY, base, _status_of(error), mask)
+            self._check_status(workers, _names_of(group), "pull", error)
+            got = self._pull_many_collective(group, [uniques[v.spec.name] for v in group])
+            rows.update((v.spec.name, r) for v, r in zip(group, got))
+        return {n: (uniques[n], rows[n]) for n in names}
+
+    def _pull_many_collective(self, variables, id_lists):
+        """The data movement of :meth:`pull_unique_many` (workers and servers)."""
+        topo, acct = self.topology, self.accounting
+        names = [v.spec.name for v in variables]
+        outgoing = list(id_lists)
+        la = [k for k, v in enumerate(variables) if self._aggregates(v)]
+        if la:
+            nw, node_ranks = topo.node_workers, self._node_worker_ranks
+            la_names = [names[k] for k in la]
+            n_counts = np.zeros((nw.Get_size(), len(la)), np.int64)
+            n_orders, n_sends, inverses = [], [], []
+            for j, k in enumerate(la):
+                delegate = variables[k].partitioning.partition_of(outgoing[k]) % nw.Get_size()
+                n_counts[:, j], order, ids = group_by_destination(delegate, nw.Get_size(),
+                                                                  outgoing[k])
+                n_orders.append(order)
+                n_sends.append([ids])
+            n_recv = exchange_counts_many(nw, n_counts, acct, "intra_node", la_names, node_ranks)
+            requests = alltoallv_many(nw, n_counts, n_recv, n_sends, acct, "intra_node",
+                                      la_names, ranks=node_ranks)
+            for j, k in enumerate(la):
+                outgoing[k], inverse = np.unique(requests[j][0], return_inverse=True)
+                inverses.append(inverse.reshape(-1))
+        counts = np.zeros((topo.size, len(variables)), np.int64)
+        orders, sends = [], []
+        for k, var in enumerate(variables):
+            counts[:, k], order, ids = group_by_destination(var.dest_of(outgoing[k]), topo.size,
+                                                            outgoing[k])
+            orders.append(order)
+            sends.append([ids])
+        recv = exchange_counts_many(topo.comm, counts, acct, "pull", names)
+        wanted = alltoallv_many(topo.comm, counts, recv, sends, acct, "pull", names)
+        rows = []
+        for k, var in enumerate(variables):
+            ids = wanted[k][0]
+            rows.append([gather_rows(var.table, var.local_rows(ids)) if len(ids)
+                         else np.zeros((0, var.spec.dim), var.spec.dtype)])
+        got = alltoallv_many(topo.comm, recv, counts, rows, acct, "pull", names)
+        result = [_unsort(got[k][0], orders[k]) for k in range(len(variables))]
+        if la:
+            back = alltoallv_many(nw, n_recv, n_counts,
+                                  [[result[k][inverses[j]]] for j, k in enumerate(la)],
+                                  acct, "intra_node", la_names, ranks=node_ranks)
+            for j, k in enumerate(la):
+                result[k] = _unsort(back[j][0], n_orders[j])
+        return result
+
     def _pull(self, name, unique, original):
         var = self._var(name)
         error = None
@@ -387,26 +484,95 @@ class ParameterServer:
             NonFiniteError: NaN/Inf with ``nonfinite="raise"``.
         """
         var = self._var(name)
-        error = None
+        ids = values = error = None
         try:
-            if not isinstance(grad, SparseGrad):
-                raise TypeError(f"{name}: push needs a SparseGrad, not {type(grad).__name__}")
-            if grad.num_rows != var.spec.rows:
-                raise ValueError(f"{name}: SparseGrad.num_rows must be {var.spec.rows}, "
-                                 f"not {grad.num_rows}")
-            grad.validate(name, var.spec.dim, var.spec.dtype)
-            ids, values = dedup_sum(grad.indices.astype(array_module(grad.indices).int64,
-                                                        copy=False), grad.values)
-            ids, values = to_host(ids), to_host(values)
-            if not np.isfinite(values).all():
-                raise NonFiniteError(f"{name}: gradient holds NaN or Inf "
-                                     f"(set nonfinite='skip' to skip such steps)")
+            ids, values = self._prepare_push(var, grad)
         except (TypeError, ValueError, FloatingPointError) as exc:
             error = exc
         workers = self._header(OP_PUSH, var.index, _status_of(error))
         if self._check_status(workers, name, "push", error):
             return False
         return self._push_collective(var, ids, values)
+
+    def push_many(self, grads) -> bool:
+        """:meth:`push` of several variables in one exchange per phase.
+
+        **Collective** (BSP); every worker passes the same variable names.
+        ``grads`` maps names to :class:`SparseGrad`. Every gradient is
+        checked before anything moves: bad input in any of them raises on
+        every worker and leaves every table untouched; with
+        ``nonfinite="skip"`` a NaN/Inf in any of them skips the whole
+        batch (returns False). Bytes are counted per variable as by
+        :meth:`push`.
+        """
+        names = list(grads)
+        variables = sorted((self._var(n) for n in names), key=lambda v: v.index)
+        if len(variables) == 1:
+            return self.push(names[0], grads[names[0]])
+        prepared, error = {}, None
+        for var in variables:
+            try:
+                prepared[var.spec.name] = self._prepare_push(var, grads[var.spec.name])
+            except (TypeError, ValueError, FloatingPointError) as exc:
+                error = error or exc
+        for group in _batches(variables):
+            base, mask = _mask_of(group)
+            workers = self._header(OP_PUSH_MANY, base, _status_of(error), mask)
+            if self._check_status(workers, _names_of(group), "push", error):
+                return False  # skipped on every rank; later groups are not sent
+            self._push_many_collective(group, *zip(*(prepared[v.spec.name] for v in group)))
+        return True
+
+    def _prepare_push(self, var, grad):
+        """Validate ``grad`` for ``var``; its deduplicated ``(ids, values)`` on the host."""
+        name = var.spec.name
+        if not isinstance(grad, SparseGrad):
+            raise TypeError(f"{name}: push needs a SparseGrad, not {type(grad).__name__}")
+        if grad.num_rows != var.spec.rows:
+            raise ValueError(f"{name}: SparseGrad.num_rows must be {var.spec.rows}, "
+                             f"not {grad.num_rows}")
+        grad.validate(name, var.spec.dim, var.spec.dtype)
+        ids, values = dedup_sum(grad.indices.astype(array_module(grad.indices).int64,
+                                                    copy=False), grad.values)
+        ids, values = to_host(ids), to_host(values)
+        if not np.isfinite(values).all():
+            raise NonFiniteError(f"{name}: gradient holds NaN or Inf "
+                                 f"(set nonfinite='skip' to skip such steps)")
+        return ids, values
+
+    def _push_many_collective(self, variables, id_lists, value_lists):
+        """The data movement and updates of :meth:`push_many` (workers and servers)."""
+        topo, acct = self.topology, self.accounting
+        names = [v.spec.name for v in variables]
+        id_lists, value_lists = list(id_lists), list(value_lists)
+        la = [k for k, v in enumerate(variables) if self._aggregates(v)]
+        if la:
+            nw, node_ranks = topo.node_workers, self._node_worker_ranks
+            la_names = [names[k] for k in la]
+            n_counts = np.zeros((nw.Get_size(), len(la)), np.int64)
+            n_sends = []
+            for j, k in enumerate(la):
+                delegate = variables[k].partitioning.partition_of(id_lists[k]) % nw.Get_size()
+                n_counts[:, j], _, ids, vals = group_by_destination(
+                    delegate, nw.Get_size(), id_lists[k], value_lists[k])
+                n_sends.append([ids, vals])
+            n_recv = exchange_counts_many(nw, n_counts, acct, "intra_node", la_names, node_ranks)
+            got = alltoallv_many(nw, n_counts, n_recv, n_sends, acct, "intra_node", la_names,
+                                 ranks=node_ranks)
+            for j, k in enumerate(la):
+                with acct.timer("aggregate", names[k]):
+                    id_lists[k], value_lists[k] = dedup_sum(got[j][0], got[j][1])
+        counts = np.zeros((topo.size, len(variables)), np.int64)
+        sends = []
+        for k, var in enumerate(variables):
+            counts[:, k], _, ids, vals = group_by_destination(var.dest_of(id_lists[k]), topo.size,
+                                                              id_lists[k], value_lists[k])
+            sends.append([ids, vals])
+        recv = exchange_counts_many(topo.comm, counts, acct, "push", names)
+        got = alltoallv_many(topo.comm, counts, recv, sends, acct, "push", names)
+        for k, var in enumerate(variables):
+            self._apply(var, got[k][0], got[k][1])
+        return True
 
     def _push_collective(self, var, ids, values):
         topo, acct, name = self.topology, self.accounting, var.spec.name
@@ -424,13 +590,18 @@ class ParameterServer:
         counts, _, s_ids, s_vals = group_by_destination(var.dest_of(ids), topo.size, ids, values)
         recv = exchange_counts(topo.comm, counts, acct, "push", name)
         r_ids, r_vals = alltoallv_rows(topo.comm, counts, recv, [s_ids, s_vals], acct, "push", name)
-        if var.table is not None:
-            with acct.timer("apply", name):
-                unique, summed = dedup_sum(r_ids, r_vals)
-                if self.reduce == "mean" and topo.num_workers > 1:
-                    summed /= topo.num_workers
-                var.optimizer.apply_rows(var.table, var.state, var.local_rows(unique), summed)
+        self._apply(var, r_ids, r_vals)
         return True
+
+    def _apply(self, var, ids, values):
+        """Owner side of a push: sum (or mean) the received rows, run the optimizer."""
+        if var.table is None:
+            return
+        with self.accounting.timer("apply", var.spec.name):
+            unique, summed = dedup_sum(ids, values)
+            if self.reduce == "mean" and self.topology.num_workers > 1:
+                summed /= self.topology.num_workers
+            var.optimizer.apply_rows(var.table, var.state, var.local_rows(unique), summed)
 
     # ------------------------------------------------------ export / import
     def export_rows(self, name):
@@ -560,6 +731,17 @@ class ParameterServer:
         if op == OP_REGISTER:
             self._register_collective([])
             return
+        if op in _MANY_OPS:
+            group = self._batch_vars(index, argument)
+            if self._check_status(workers, _names_of(group), _OP_NAMES[op]):
+                return
+            empty = [np.zeros(0, np.int64) for _ in group]
+            if op == OP_PULL_MANY:
+                self._pull_many_collective(group, empty)
+            else:
+                self._push_many_collective(group, empty, [np.zeros((0, v.spec.dim), v.spec.dtype)
+                                                          for v in group])
+            return
         var = self._by_index[index]
         if op == OP_REPARTITION:
             owners = self.topology.comm.bcast(None, root=self.topology.worker_ranks[0])
@@ -573,10 +755,36 @@ class ParameterServer:
             self._push_collective(var, np.zeros(0, np.int64),
                                   np.zeros((0, var.spec.dim), var.spec.dtype))
 
+    def _batch_vars(self, base, mask):
+        """The variables of a batched header: indices ``base + i`` for set bits ``i``."""
+        return [self._by_index[base + i] for i in range(MAX_BATCH)
+                if mask >> i & 1 and base + i < len(self._by_index)]
+
     def shutdown(self) -> None:
         """Release the server ranks from :meth:`serve`. **Collective** on workers."""
         if self.topology.is_worker:
             self._header(OP_SHUTDOWN)
+
+
+def _batches(variables):
+    """Split variables (sorted by index) into groups whose indices span < MAX_BATCH."""
+    groups = []
+    for var in variables:
+        if groups and var.index - groups[-1][0].index < MAX_BATCH:
+            groups[-1].append(var)
+        else:
+            groups.append([var])
+    return groups
+
+
+def _mask_of(group):
+    """``(base index, bit mask)`` of a group from :func:`_batches`."""
+    base = group[0].index
+    return base, sum(1 << (v.index - base) for v in group)
+
+
+def _names_of(group) -> str:
+    return ", ".join(v.spec.name for v in group)
 
 
 def _status_of(error) -> int:

@@ -419,24 +419,36 @@ class Trainer:
             json.dump(json_safe(value), handle, indent=2)
 
     # ------------------------------------------------------------------ steps
-    def _pull(self, name, ids):
-        """``(unique ids, rows)`` of ``name`` on this worker's device."""
-        if name in self.replicated:
-            unique, rows = self.replicated[name].pull_unique(ids)
-        else:
-            unique, rows = self.ps.pull_unique(name, ids)
+    def _pull_all(self, ids):
+        """``{name: (unique ids, rows)}`` of every sparse variable, on this worker's device.
+
+        The PS variables travel together (one exchange per phase); the
+        replicated ones go one by one.
+        """
+        out = {name: self.replicated[name].pull_unique(ids[name])
+               for name in self.specs if name in self.replicated}
+        on_ps = {name: ids[name] for name in self.specs if name not in self.replicated}
+        if on_ps:
+            out.update(self.ps.pull_unique_many(on_ps))
         if self.device.kind == "gpu":
             xp = self.device.xp
-            return xp.asarray(unique), xp.asarray(rows)
-        return unique, rows
+            out = {name: (xp.asarray(u), xp.asarray(r)) for name, (u, r) in out.items()}
+        return {name: out[name] for name in self.specs}
 
-    def _push(self, name, indices, values):
+    def _push_all(self, grads):
+        """Push ``{name: (indices, values)}``; PS variables in one batched exchange."""
         from .sparse_grad import SparseGrad
 
-        grad = SparseGrad(indices, values, self.specs[name].rows)
-        if name in self.replicated:
-            return self.replicated[name].push(grad)
-        return self.ps.push(name, grad)
+        on_ps = {}
+        for name in self.specs:
+            indices, values = grads[name]
+            grad = SparseGrad(indices, values, self.specs[name].rows)
+            if name in self.replicated:
+                self.replicated[name].push(grad)
+            else:
+                on_ps[name] = grad
+        if on_ps:
+            self.ps.push_many(on_ps)
 
     def _batch(self, position):
         """This worker's shard of global batch ``position``, on its device."""
@@ -467,16 +479,15 @@ class Trainer:
         ids = self.model.sparse_ids(batch, position)
         self.planning.observe(ids)
         lap("data")
-        rows = {name: self._pull(name, ids[name]) for name in self.specs}
+        rows = self._pull_all(ids)
         lap("pull")
         result = self.model.forward_backward(self.dense, rows, batch, position)
         local_batch = len(next(iter(batch.values())))
         # Mean over the global batch even for uneven shards; exactly 1 for even ones.
         scale = local_batch * topo.num_workers / config["global_batch"]
         lap("compute")
-        for name in self.specs:
-            indices, values = result.sparse_grads[name]
-            self._push(name, indices, values * scale if scale != 1 else values)
+        self._push_all({name: (indices, values * scale if scale != 1 else values)
+                        for name, (indices, values) in result.sparse_grads.items()})
         lap("push")
         grads = result.dense_grads
         if scale != 1:
@@ -575,7 +586,7 @@ class Trainer:
             position = EVAL_POSITION + k
             batch = self._batch(position)
             ids = self.model.sparse_ids(batch, position, full=True)
-            rows = {name: self._pull(name, ids[name]) for name in self.specs}
+            rows = self._pull_all(ids)
             result = self.model.evaluate(self.dense, rows, batch, position, full=True)
             local_batch = len(next(iter(batch.values())))
             for key, value in result.items():

@@ -113,3 +113,13 @@ def test_hpcpax_never_imports_torch():
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
                           text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert done.stdout.strip() == "False", done.stderr
+
+
+@pytest.mark.timeout(300)
+def test_ps_batching(report):
+    (run,) = _run(report, "ps_batching.py")
+    result = run["result"]
+    _positive(result, ["one_by_one_s", "batched_s", "ratio_one_by_one_vs_batched"])
+    # Same bytes per table, fewer collectives: the counts, not the clock.
+    assert result["bytes_equal"] is True
+    assert result["batched_calls_per_step"] < result["one_by_one_calls_per_step"]
