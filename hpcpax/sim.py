@@ -29,6 +29,7 @@ overlap assumed); throughput = samples per worker x workers / step time.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -146,9 +147,11 @@ def _strategy_times(specs, strategy, shape, fabric, params, partitions):
     for spec in specs:
         if strategy == "horovod":
             method = "allgather" if spec.kind == "sparse" else "allreduce"
-        else:  # ps_all
+        else:  # ps_all: every variable on the servers, in one batch
             method = "ps_no_local_aggregation"
-        seconds = predict(spec, method, shape, fabric, partitions=partitions, params=params)
+        batch = (params if params.ps_batch is not None
+                 else dataclasses.replace(params, ps_batch=len(specs)))
+        seconds = predict(spec, method, shape, fabric, partitions=partitions, params=batch)
         out[spec.name] = ("ps" if method.startswith("ps") else method, seconds)
     return out
 

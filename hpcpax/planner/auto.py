@@ -21,6 +21,8 @@ inputs.
 
 from __future__ import annotations
 
+import dataclasses
+
 from collections.abc import Mapping
 
 from ..errors import ConfigError
@@ -82,6 +84,10 @@ def make_plan(variables, mode: str, topology, fabric, partitions=None,
         raise ConfigError(f"variable names must be unique, not repeated {duplicates}")
     several_per_node = shape.workers_per_node > 1
     default_partitions = max(1, shape.servers)
+    params = params or CostParams()
+    if params.ps_batch is None:  # PS tables share their exchanges (push_many)
+        sparse = sum(1 for s in specs if s.kind == "sparse")
+        params = dataclasses.replace(params, ps_batch=max(1, sparse))
 
     decisions = []  # (spec, method, local_aggregation, parts, predicted, reason)
     for spec in specs:

@@ -24,7 +24,9 @@ int64 index), ``alpha`` the fraction of rows one worker touches per step and
   receives ``senders * ceil(P/S)``), plus ``partition_overhead_s`` per
   partition (packing, one request per partition). Servers gather/apply rows
   at ``server_apply_Bps``. Local aggregation adds the intra-node exchange of
-  each worker's rows by destination, at the intra link.
+  each worker's rows by destination, at the intra link. PS tables of one
+  step travel together (``CostParams.ps_batch`` of them per exchange), so
+  each pays its share of the message latencies.
 
 ``alpha_node`` defaults to ``1 - (1 - alpha) ** g`` (independent access);
 Zipf access shares hot rows, so a measured value is smaller and better.
@@ -182,13 +184,21 @@ class CostParams:
             and issuing one request per partition).
         server_apply_Bps: bytes of rows per second a server gathers or
             applies (host memory bound).
+        ps_batch: PS variables that share each exchange. hpcpax moves every
+            PS table of a phase in one exchange
+            (:meth:`~hpcpax.ps.ParameterServer.push_many`), so each of them
+            pays ``1 / ps_batch`` of the message latencies. ``None`` (the
+            default) lets :func:`hpcpax.planner.make_plan` use the number
+            of sparse variables of the plan; 1 for a lone variable.
     """
 
     partition_overhead_s: float = 20e-6
     server_apply_Bps: float = 10e9
+    ps_batch: int | None = None
 
     def to_dict(self) -> dict:
-        return {"partition_overhead_s": self.partition_overhead_s, "server_apply_Bps": self.server_apply_Bps}
+        return {"partition_overhead_s": self.partition_overhead_s,
+                "server_apply_Bps": self.server_apply_Bps, "ps_batch": self.ps_batch}
 
 
 @dataclass(frozen=True)
@@ -272,13 +282,15 @@ def _ps(var: VarSpec, shape: ClusterShape, links: _Links, partitions: int,
     server_nic = total * min(1.0, busiest_server_fraction * servers_per_nic) * off_node / nic_bandwidth
     client_messages = partitions * senders_per_node
     server_messages = nodes * senders_per_node * math.ceil(partitions / servers)
-    phase = (max(client_nic, server_nic) + max(client_messages, server_messages) * latency
+    share = 1.0 / max(1, int(params.ps_batch or 1))  # latencies shared by the batched tables
+    phase = (max(client_nic, server_nic) + max(client_messages, server_messages) * latency * share
              + partitions * params.partition_overhead_s)
     gather_and_apply = 2.0 * total * busiest_server_fraction / params.server_apply_Bps
     seconds = 2.0 * phase + gather_and_apply
     if aggregate:
         per_worker = var.worker_alpha() * var.rows * row
-        seconds += 2.0 * ((g - 1) / g * per_worker / links.intra_bandwidth + (g - 1) * links.intra_latency)
+        seconds += 2.0 * ((g - 1) / g * per_worker / links.intra_bandwidth
+                          + (g - 1) * links.intra_latency * share)
     return seconds
 
 

@@ -82,3 +82,16 @@ def test_should_switch_needs_a_margin():
     assert not should_switch("allreduce", {"allreduce": 1.0, "ps": 0.95}, threshold=0.1)
     with pytest.raises(ValueError):
         should_switch("allgather", {"ps": 1.0})
+
+
+def test_auto_charges_ps_tables_their_share_of_a_batched_exchange():
+    from hpcpax.planner.cost_model import CostParams, predict
+
+    fields = [{"name": f"f{k}", "kind": "sparse", "shape": (10_000, 16), "dtype": "float32",
+               "alpha": 0.01} for k in range(26)]
+    plan = make_plan(fields, "hybrid", TOPO, FABRIC)
+    batched = predict(fields[0] | {"shape": (10_000, 16)}, "ps", TOPO, FABRIC, partitions=8,
+                      params=CostParams(ps_batch=26))
+    alone = make_plan(fields[:1], "hybrid", TOPO, FABRIC).variables["f0"].predicted_s
+    assert plan.variables["f0"].predicted_s == pytest.approx(batched, rel=1e-12)
+    assert plan.variables["f0"].predicted_s < alone

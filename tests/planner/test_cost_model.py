@@ -81,3 +81,19 @@ def test_bad_method_and_dense_allgather():
         predict(SPARSE, "broadcast", topo(2), FABRIC)
     with pytest.raises(ValueError, match="sparse"):
         predict(DENSE, "allgather", topo(2), FABRIC)
+
+
+def test_batched_ps_tables_share_the_message_latencies():
+    """t(batch) = bandwidth part + latency part / batch: check that exact shape."""
+    from hpcpax.planner.cost_model import CostParams
+
+    small = VarSpec("field", "sparse", (10_000, 16), alpha=0.01)
+    t1, t2, t4 = (predict(small, "ps", topo(8), FABRIC, params=CostParams(ps_batch=k))
+                  for k in (1, 2, 4))
+    assert t4 < t2 < t1
+    assert t1 - t4 == pytest.approx(1.5 * (t1 - t2), rel=1e-9)
+    assert predict(small, "ps", topo(8), FABRIC) == t1  # default: a lone variable
+    # allreduce and allgather do not batch
+    for method in ("allreduce", "allgather"):
+        assert (predict(small, method, topo(8), FABRIC, params=CostParams(ps_batch=4))
+                == predict(small, method, topo(8), FABRIC))
