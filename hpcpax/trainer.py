@@ -322,66 +322,80 @@ class Trainer:
 
         topo, config = self.topology, self.config
         self._is_leader = topo.is_worker and topo.worker_index == 0
-        # Servers are CPU processes; each worker takes GPU (local worker rank % count).
-        self.device = (select_device(topo.node_workers.Get_rank(), config["device"])
-                       if topo.is_worker else Device("cpu"))
         self.checkpoint_seconds = 0.0
         self.last_checkpoint = None
         wall_start = time.perf_counter()
-        self._make_run_dir()
-        check_same(topo.comm, "training config", json_safe(config))
-
-        self.model = self._build_model()
-        names = [s.name for s in self.model.sparse_specs()]
-        self.plan = self._resolve_plan(names)
-        specs = self._sparse_specs()
-        self.specs = {s.name: s for s in specs}
-        mode = self.config["plan"] if self._plan_override is None else None
-        self.planning = PlanController(self, mode)
-        self.planning.measure_fabric()
-        self.ps = ParameterServer(topo, local_aggregation=config["local_aggregation"],
-                                  seed=config["seed"])
-        self.ps.watchdog = self.watchdog  # each served operation is guarded
-        self.ps.memory_budget = parse_bytes(config["server_memory_budget"],
-                                            "server_memory_budget")
-        self.replicated = {}
-        self.dense, self.dense_state = {}, {}
-        if topo.rank == 0:
-            self._write_json("config.json", {**json_safe(config),
-                                             "model_config": json_safe(self.model.config()),
-                                             "topology": topo.describe()})
-            self._write_json("plan.json", self.plan)
+        # Set-up runs in named guarded phases: a rank stuck in one (a hung
+        # file system, a bad GPU) makes the others' watchdogs report it in
+        # that phase while they wait in the next collective, instead of
+        # every rank waiting forever.
+        setup = self.watchdog.guard
+        with setup("set-up: device"):
+            # Servers are CPU processes; each worker takes GPU (local worker rank % count).
+            self.device = (select_device(topo.node_workers.Get_rank(), config["device"])
+                           if topo.is_worker else Device("cpu"))
+        with setup("set-up: run dir and config"):
+            self._make_run_dir()
+            check_same(topo.comm, "training config", json_safe(config))
+        with setup("set-up: model and plan"):
+            self.model = self._build_model()
+            names = [s.name for s in self.model.sparse_specs()]
+            self.plan = self._resolve_plan(names)
+            specs = self._sparse_specs()
+            self.specs = {s.name: s for s in specs}
+            mode = self.config["plan"] if self._plan_override is None else None
+            self.planning = PlanController(self, mode)
+            self.planning.measure_fabric()
+        with setup("set-up: parameter server"):
+            self.ps = ParameterServer(topo, local_aggregation=config["local_aggregation"],
+                                      seed=config["seed"])
+            self.ps.watchdog = self.watchdog  # each served operation is guarded
+            self.ps.memory_budget = parse_bytes(config["server_memory_budget"],
+                                                "server_memory_budget")
+            self.replicated = {}
+            self.dense, self.dense_state = {}, {}
+            if topo.rank == 0:
+                self._write_json("config.json", {**json_safe(config),
+                                                 "model_config": json_safe(self.model.config()),
+                                                 "topology": topo.describe()})
+                self._write_json("plan.json", self.plan)
         if topo.is_server:
             # Slurm signals every rank; a server only notes it, the workers decide.
             with PreemptionHandler():
                 self._serve()
             return self._finish(None, 0, 0, 0.0, False)
 
-        self.ps.register([s for s in specs if self.plan[s.name]["method"] == "ps"])
-        for spec in specs:
-            entry = self.plan[spec.name]
-            if entry["method"] != "ps":
-                self.replicated[spec.name] = ReplicatedTable(topo, spec, entry["method"],
-                                                             seed=config["seed"])
-            elif entry.get("owners"):
-                self.ps.repartition(spec.name, len(entry["owners"]), entry["owners"])
-        xp = self.device.xp
-        self.dense = {k: xp.asarray(v) for k, v in self.model.init_dense().items()}
-        self.optimizer = make_optimizer(config["optimizer"], lr=config["lr"])
-        self.dense_state = {name: self.optimizer.init_state(p.shape, p.dtype, xp)
-                            for name, p in self.dense.items()}
-        self.allreduce = DenseAllreduce(topo, {n: (p.shape, p.dtype) for n, p in self.dense.items()},
-                                        op="mean", bucket_bytes=config["bucket_bytes"] or None)
-        self.reader = self._open_data()
+        with setup("set-up: sparse tables"):
+            self.ps.register([s for s in specs if self.plan[s.name]["method"] == "ps"])
+            for spec in specs:
+                entry = self.plan[spec.name]
+                if entry["method"] != "ps":
+                    self.replicated[spec.name] = ReplicatedTable(topo, spec, entry["method"],
+                                                                 seed=config["seed"])
+                elif entry.get("owners"):
+                    self.ps.repartition(spec.name, len(entry["owners"]), entry["owners"])
+        with setup("set-up: dense"):
+            xp = self.device.xp
+            self.dense = {k: xp.asarray(v) for k, v in self.model.init_dense().items()}
+            self.optimizer = make_optimizer(config["optimizer"], lr=config["lr"])
+            self.dense_state = {name: self.optimizer.init_state(p.shape, p.dtype, xp)
+                                for name, p in self.dense.items()}
+            self.allreduce = DenseAllreduce(topo, {n: (p.shape, p.dtype)
+                                                   for n, p in self.dense.items()},
+                                            op="mean", bucket_bytes=config["bucket_bytes"] or None)
+        with setup("set-up: data"):
+            self.reader = self._open_data()
 
         start_step = 1
         if config["resume"]:
-            path = ckpt.latest(self.run_dir) if self._is_leader else None
-            path = topo.workers.bcast(path, root=0)
+            with setup("set-up: resume"):  # bounded like a checkpoint save inside a step
+                path = ckpt.latest(self.run_dir) if self._is_leader else None
+                path = topo.workers.bcast(path, root=0)
+                if path is not None:
+                    start_step = self._command("load", path=path) + 1
             if path is None:
                 self._log(f"resume: no complete checkpoint in {self.run_dir}; starting at step 1")
             else:
-                start_step = self._command("load", path=path) + 1
                 self._log(f"resumed from {path}: continuing at step {start_step}")
         if self._is_leader and not config["quiet"]:
             self._print_config()

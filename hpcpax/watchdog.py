@@ -3,8 +3,8 @@
 A rank that dies or stops answering leaves every other rank blocked in its
 next collective, forever. :class:`Watchdog` runs a daemon thread on every
 rank; the main thread wraps each operation that must finish in bounded time
-in :meth:`Watchdog.guard` (the trainer guards every step, the parameter
-server every served operation). When a guarded operation runs longer than
+in :meth:`Watchdog.guard` (the trainer guards each set-up phase and every
+step, the parameter server every served operation). When a guarded operation runs longer than
 the timeout, that rank's thread asks every other rank, on a private
 duplicate of the communicator, what it is doing, waits a short grace period
 for the answers, prints **one** report to stderr and aborts the whole job::

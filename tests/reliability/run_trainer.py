@@ -6,6 +6,9 @@ Started by the reliability tests under their own ``mpirun``. Environment:
 - ``RELIABILITY_HANG_RANK`` / ``RELIABILITY_HANG_STEP``: that (worker) rank
   sleeps forever after that step, outside any guarded operation, so the
   other ranks block in the next step's first collective.
+- ``RELIABILITY_SETUP_HANG_RANK``: that (worker) rank hangs in its first
+  set-up phase (device selection, as a bad GPU would), so the other ranks
+  block in the next set-up collective.
 """
 
 import os
@@ -32,10 +35,26 @@ def hang_hook():
     return [hook]
 
 
+def hang_in_setup():
+    rank = os.environ.get("RELIABILITY_SETUP_HANG_RANK")
+    if rank is None or int(rank) != MPI.COMM_WORLD.Get_rank():
+        return
+    import hpcpax.trainer
+
+    def stuck_device(*args, **kwargs):
+        print(f"[rank {rank}] test hook: hanging in device selection", file=sys.stderr,
+              flush=True)
+        while True:
+            time.sleep(1)
+
+    hpcpax.trainer.select_device = stuck_device
+
+
 if __name__ == "__main__":
     pid_dir = os.environ.get("RELIABILITY_PID_DIR")
     if pid_dir:
         rank = MPI.COMM_WORLD.Get_rank()
         with open(os.path.join(pid_dir, f"rank{rank}.pid"), "w", encoding="ascii") as handle:
             handle.write(str(os.getpid()))
+    hang_in_setup()
     sys.exit(main(hooks=hang_hook()))

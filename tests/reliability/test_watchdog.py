@@ -132,6 +132,23 @@ def test_hanging_worker_is_named_by_the_watchdog(tmp_path):
 
 
 @pytest.mark.timeout(150)
+def test_rank_hanging_in_setup_is_named_by_the_watchdog(tmp_path):
+    """Rank 3 hangs selecting its device; the others wait in the next set-up collective."""
+    serial_only()
+    job, _ = _start(tmp_path, RELIABILITY_SETUP_HANG_RANK=3)
+    try:
+        job.pids()
+        started = time.monotonic()
+        status, elapsed, text = _ended(job, started)
+    finally:
+        job.kill()
+    assert status != 0 and elapsed < BOUND + 20  # start-up of 4 ranks included
+    assert "stuck" in text and "'set-up: run dir and config'" in text, text
+    assert "ranks [3] in 'set-up: device'" in text, text
+    assert text.count("aborting the job") == 1
+
+
+@pytest.mark.timeout(150)
 @pytest.mark.parametrize("victim", [3, 0], ids=["worker", "server"])
 def test_stopped_rank_is_named_as_not_answering(tmp_path, victim):
     """SIGSTOP one rank (a hang MPI cannot see): the watchdog names it as silent."""
