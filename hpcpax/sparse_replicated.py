@@ -25,12 +25,14 @@ import numpy as np
 from .accounting import ring_allreduce_bytes
 from .backend import array_module, to_host
 from .errors import ConfigError, NonFiniteError
+from .exchange import _pack_records, _unpack_records
 from .initializers import init_rows
 from .ops import dedup_sum, gather_rows
 from .ops.optimizers import make_optimizer
 from .sparse_grad import SparseGrad, check_indices
 
-__all__ = ["ReplicatedTable", "allgather_sparse", "densify_allreduce", "METHODS"]
+__all__ = ["ReplicatedTable", "allgather_sparse", "allgather_sparse_many", "densify_allreduce",
+           "push_many", "METHODS"]
 
 METHODS = ("allgather", "dense")
 
@@ -61,6 +63,52 @@ def allgather_sparse(topology, name, ids, values):
     acct.record_exchange("allgather", name, np.full(len(peers), len(ids) * row),
                          counts * row, time.perf_counter() - start, ranks=peers)
     return dedup_sum(all_ids, all_vals)
+
+
+def allgather_sparse_many(topology, names, id_lists, value_lists):
+    """:func:`allgather_sparse` of several variables in one ``Allgatherv``.
+
+    **Collective** over ``topology.workers``; every worker passes the same
+    ``names`` in the same order. One ``Allgather`` of the ``K`` row counts,
+    then one ``Allgatherv`` of bytes holding, for each worker, its rows of
+    variable 0, then 1, ... (id beside values, one record per row). Returns
+    ``[(unique ids, summed rows), ...]``, each bit-identical to
+    :func:`allgather_sparse` of that variable alone (same rows summed in the
+    same order); bytes are counted per variable the same way.
+    """
+    from mpi4py import MPI
+
+    comm, acct = topology.workers, topology.accounting
+    start = time.perf_counter()
+    k_vars = len(names)
+    mine = np.array([len(ids) for ids in id_lists], np.int64)
+    counts = np.empty((comm.Get_size(), k_vars), np.int64)
+    comm.Allgather([mine, MPI.INT64_T], [counts, MPI.INT64_T])
+    like = [[np.zeros(0, np.int64), np.zeros((0,) + v.shape[1:], v.dtype)] for v in value_lists]
+    widths = [[8, int(np.prod(v.shape[1:], dtype=np.int64)) * v.itemsize] for v in value_lists]
+    rows = np.array([sum(w) for w in widths], np.int64)
+    packed = [_pack_records([np.ascontiguousarray(i, np.int64), np.ascontiguousarray(v)])[0]
+              .reshape(-1) for i, v in zip(id_lists, value_lists)]
+    send = np.concatenate(packed) if packed else np.zeros(0, np.uint8)
+    per_worker = counts @ rows
+    displs = np.concatenate([[0], np.cumsum(per_worker)[:-1]]).astype(np.int64)
+    gathered = np.empty(int(per_worker.sum()), np.uint8)
+    comm.Allgatherv([send, MPI.BYTE], [gathered, (per_worker, displs), MPI.BYTE])
+    seg_bytes = counts * rows  # [workers, K]
+    seg_start = displs[:, None] + np.cumsum(seg_bytes, axis=1) - seg_bytes
+    out = []
+    for k in range(k_vars):
+        pieces = [gathered[seg_start[w, k]:seg_start[w, k] + seg_bytes[w, k]]
+                  for w in range(comm.Get_size()) if counts[w, k]]
+        flat = np.concatenate(pieces) if pieces else np.zeros(0, np.uint8)
+        all_ids, all_vals = _unpack_records(flat.reshape(int(counts[:, k].sum()), int(rows[k])),
+                                            like[k], widths[k])
+        out.append(dedup_sum(all_ids, all_vals))
+    peers = np.asarray(topology.worker_ranks)
+    sent = np.repeat((mine * rows)[:, None], len(peers), axis=1)
+    acct.record_batched_exchange("allgather", list(names), sent, seg_bytes.T,
+                                 time.perf_counter() - start, ranks=peers)
+    return out
 
 
 def densify_allreduce(topology, name, ids, values, num_rows):
@@ -132,33 +180,65 @@ class ReplicatedTable:
         **Collective** over the workers. A bad gradient raises on every
         worker together (checked with one small allreduce first).
         """
-        from mpi4py import MPI
+        return push_many({self.spec.name: self}, {self.spec.name: grad})
 
-        error = None
-        try:
-            grad.validate(self.spec.name, self.spec.dim, self.spec.dtype)
-            ids, values = dedup_sum(grad.indices.astype(array_module(grad.indices).int64,
-                                                        copy=False), grad.values)
-            ids, values = to_host(ids), to_host(values)
-            if not np.isfinite(values).all():
-                raise NonFiniteError(f"{self.spec.name}: gradient holds NaN or Inf")
-        except (TypeError, ValueError, FloatingPointError) as exc:
-            error = exc
-        comm = self.topology.workers
-        bad = comm.allreduce(error is not None, op=MPI.LOR)
-        if bad:
-            raise error if error is not None else ValueError(
-                f"push of {self.spec.name!r} refused: another worker sent bad input")
-        if self.method == "allgather":
-            unique, summed = allgather_sparse(self.topology, self.spec.name, ids, values)
-        else:
-            unique, summed = densify_allreduce(self.topology, self.spec.name, ids, values,
-                                               self.spec.rows)
-        if self.reduce == "mean" and comm.Get_size() > 1:
-            summed /= comm.Get_size()
+    def _prepare(self, grad):
+        """Validated, deduplicated ``(ids, values)`` of ``grad`` on the host."""
+        grad.validate(self.spec.name, self.spec.dim, self.spec.dtype)
+        ids, values = dedup_sum(grad.indices.astype(array_module(grad.indices).int64,
+                                                    copy=False), grad.values)
+        ids, values = to_host(ids), to_host(values)
+        if not np.isfinite(values).all():
+            raise NonFiniteError(f"{self.spec.name}: gradient holds NaN or Inf")
+        return ids, values
+
+    def _apply(self, unique, summed):
+        workers = self.topology.workers.Get_size()
+        if self.reduce == "mean" and workers > 1:
+            summed /= workers
         self.optimizer.apply_rows(self.table, self.state, unique, summed)
-        return True
 
     def read_table(self):
         """The whole table (this worker's replica)."""
         return self.table.copy()
+
+
+def push_many(tables, grads) -> bool:
+    """Push several replicated variables: their ``allgather`` syncs share one exchange.
+
+    **Collective** over the workers; every worker passes the same names.
+    ``tables`` maps names to :class:`ReplicatedTable`, ``grads`` the same
+    names to :class:`~hpcpax.sparse_grad.SparseGrad`. Every gradient is
+    checked first and one small allreduce makes a bad one raise on every
+    worker before anything moves. The ``allgather`` tables then travel in
+    one :func:`allgather_sparse_many`; ``dense`` tables are allreduced one by
+    one. The result equals pushing each table alone, bit for bit.
+    """
+    from mpi4py import MPI
+
+    names = list(tables)
+    prepared, error = {}, None
+    for name in names:
+        try:
+            prepared[name] = tables[name]._prepare(grads[name])
+        except (TypeError, ValueError, FloatingPointError) as exc:
+            error = error or exc
+    comm = tables[names[0]].topology.workers if names else None
+    if comm is None:
+        return True
+    if comm.allreduce(error is not None, op=MPI.LOR):
+        raise error if error is not None else ValueError(
+            f"push of {', '.join(map(repr, names))} refused: another worker sent bad input")
+    gathered = [n for n in names if tables[n].method == "allgather"]
+    topology = tables[names[0]].topology
+    if gathered:
+        results = allgather_sparse_many(topology, gathered, [prepared[n][0] for n in gathered],
+                                        [prepared[n][1] for n in gathered])
+        for name, (unique, summed) in zip(gathered, results):
+            tables[name]._apply(unique, summed)
+    for name in names:
+        if tables[name].method == "dense":
+            ids, values = prepared[name]
+            tables[name]._apply(*densify_allreduce(topology, name, ids, values,
+                                                   tables[name].spec.rows))
+    return True

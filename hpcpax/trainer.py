@@ -450,17 +450,18 @@ class Trainer:
         return {name: out[name] for name in self.specs}
 
     def _push_all(self, grads):
-        """Push ``{name: (indices, values)}``; PS variables in one batched exchange."""
+        """Push ``{name: (indices, values)}``: the PS variables in one batched
+        exchange, the replicated ``allgather`` ones in another."""
         from .sparse_grad import SparseGrad
+        from .sparse_replicated import push_many as push_replicated
 
-        on_ps = {}
+        on_ps, replicated = {}, {}
         for name in self.specs:
             indices, values = grads[name]
             grad = SparseGrad(indices, values, self.specs[name].rows)
-            if name in self.replicated:
-                self.replicated[name].push(grad)
-            else:
-                on_ps[name] = grad
+            (replicated if name in self.replicated else on_ps)[name] = grad
+        if replicated:
+            push_replicated({n: self.replicated[n] for n in replicated}, replicated)
         if on_ps:
             self.ps.push_many(on_ps)
 

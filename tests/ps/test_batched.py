@@ -180,3 +180,67 @@ def test_batches_split_by_index_span():
 
     groups = _batches([V(i) for i in (0, 5, MAX_BATCH - 1, MAX_BATCH, 200)])
     assert [[v.index for v in g] for g in groups] == [[0, 5, MAX_BATCH - 1], [MAX_BATCH], [200]]
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("rpn", [None, 1])
+def test_replicated_allgather_batch_equals_one_by_one(comm, rpn):
+    """``sparse_replicated.push_many``: one Allgatherv for every allgather table,
+    the same replicas bit for bit and the same bytes per table as one-by-one."""
+    from hpcpax.sparse_replicated import ReplicatedTable, allgather_sparse, push_many
+
+    topo = hpcpax.init(ranks_per_node=rpn, servers_per_node=0)
+    try:
+        methods = {"a": "allgather", "b": "dense", "c": "allgather"}
+        single = {s.name: ReplicatedTable(topo, s, methods[s.name], seed=2) for s in SPECS}
+        batched = {s.name: ReplicatedTable(topo, s, methods[s.name], seed=2) for s in SPECS}
+        acct = topo.accounting
+        for step in range(STEPS):
+            grads = {s.name: step_grad(s, topo.worker_index, step) for s in SPECS}
+            acct.reset()
+            for s in SPECS:
+                single[s.name].push(grads[s.name])
+            one = acct.as_dict()
+            acct.reset()
+            assert push_many(batched, grads)
+            many = acct.as_dict()
+            for s in SPECS:
+                assert np.array_equal(single[s.name].table, batched[s.name].table)
+                assert all(np.array_equal(single[s.name].state[k], batched[s.name].state[k])
+                           for k in single[s.name].state)
+                assert all(one["variables"][s.name][f] == many["variables"][s.name][f]
+                           for f in FIELDS)
+            assert many["phases"]["allgather"]["calls"] == 1
+            assert one["phases"]["allgather"]["calls"] == 2
+        # and the batched sum equals the plain allgather_sparse of each table
+        grads = {s.name: step_grad(s, topo.worker_index, STEPS) for s in SPECS}
+        from hpcpax.ops import dedup_sum
+        from hpcpax.sparse_replicated import allgather_sparse_many
+        prepared = [dedup_sum(grads[n].indices, grads[n].values) for n in ("a", "c")]
+        got = allgather_sparse_many(topo, ["a", "c"], [p[0] for p in prepared],
+                                    [p[1] for p in prepared])
+        for (ids, vals), (u, summed) in zip(prepared, got):
+            want = allgather_sparse(topo, "x", ids, vals)
+            assert np.array_equal(u, want[0]) and np.array_equal(summed, want[1])
+    finally:
+        topo.free()
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.timeout(60)
+def test_replicated_batch_with_a_bad_gradient_raises_everywhere(comm):
+    from hpcpax.sparse_replicated import ReplicatedTable, push_many
+
+    topo = hpcpax.init(servers_per_node=0)
+    try:
+        tables = {s.name: ReplicatedTable(topo, s, "allgather") for s in SPECS}
+        before = {n: t.table.copy() for n, t in tables.items()}
+        grads = {s.name: step_grad(s, topo.worker_index, 0) for s in SPECS}
+        if topo.rank == 1:
+            grads["b"] = SparseGrad(np.array([0]), np.full((1, 5), np.nan, np.float32), 40)
+        with pytest.raises((ValueError, FloatingPointError)):
+            push_many(tables, grads)
+        assert all(np.array_equal(before[n], t.table) for n, t in tables.items())
+    finally:
+        topo.free()
