@@ -218,8 +218,12 @@ def alltoallv_many(comm, send_counts, recv_counts, arrays, accounting=None, phas
     recv_bytes = recv_counts * widths
     row_start = np.zeros((size + 1, k_vars), np.int64)
     np.cumsum(send_counts, axis=0, out=row_start[1:])
-    segments = [packed[k][row_start[d, k]:row_start[d + 1, k]].reshape(-1)
-                for d in range(size) for k in range(k_vars) if send_counts[d, k]]
+    # Python-level work is one slice per non-empty (peer, variable) segment,
+    # with plain ints (a server of W workers and K tables has up to W K).
+    flat = [p.reshape(-1) for p in packed]
+    byte_start = (row_start * widths).tolist()
+    segments = [flat[k][byte_start[d][k]:byte_start[d + 1][k]]
+                for d, k in zip(*(i.tolist() for i in np.nonzero(send_counts)))]
     buffer = np.concatenate(segments) if segments else np.zeros(0, np.uint8)
     per_peer_send, per_peer_recv = send_bytes.sum(axis=1), recv_bytes.sum(axis=1)
     sdispl = np.zeros(size, np.int64)
@@ -231,11 +235,13 @@ def alltoallv_many(comm, send_counts, recv_counts, arrays, accounting=None, phas
                    [result, (per_peer_recv, rdispl), MPI.BYTE])
     # segment (source s, variable k) starts at rdispl[s] + bytes of variables < k from s
     seg_start = rdispl[:, None] + np.cumsum(recv_bytes, axis=1) - recv_bytes
+    starts, ends = seg_start.tolist(), (seg_start + recv_bytes).tolist()
+    pieces = [[] for _ in range(k_vars)]
+    for k, s in zip(*(i.tolist() for i in np.nonzero(recv_counts.T))):  # by k, then source
+        pieces[k].append(result[starts[s][k]:ends[s][k]])
     out = []
     for k in range(k_vars):
-        pieces = [result[seg_start[s, k]:seg_start[s, k] + recv_bytes[s, k]]
-                  for s in range(size) if recv_counts[s, k]]
-        rows = (np.concatenate(pieces) if pieces else np.zeros(0, np.uint8))
+        rows = np.concatenate(pieces[k]) if pieces[k] else np.zeros(0, np.uint8)
         out.append(_from_bytes(rows.reshape(int(recv_counts[:, k].sum()), int(widths[k])),
                                arrays[k], int(widths[k])))
     if accounting is not None:

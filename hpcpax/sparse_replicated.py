@@ -96,11 +96,13 @@ def allgather_sparse_many(topology, names, id_lists, value_lists):
     comm.Allgatherv([send, MPI.BYTE], [gathered, (per_worker, displs), MPI.BYTE])
     seg_bytes = counts * rows  # [workers, K]
     seg_start = displs[:, None] + np.cumsum(seg_bytes, axis=1) - seg_bytes
+    starts, ends = seg_start.tolist(), (seg_start + seg_bytes).tolist()
+    pieces = [[] for _ in range(k_vars)]
+    for k, w in zip(*(i.tolist() for i in np.nonzero(counts.T))):  # by k, then worker
+        pieces[k].append(gathered[starts[w][k]:ends[w][k]])
     out = []
     for k in range(k_vars):
-        pieces = [gathered[seg_start[w, k]:seg_start[w, k] + seg_bytes[w, k]]
-                  for w in range(comm.Get_size()) if counts[w, k]]
-        flat = np.concatenate(pieces) if pieces else np.zeros(0, np.uint8)
+        flat = np.concatenate(pieces[k]) if pieces[k] else np.zeros(0, np.uint8)
         all_ids, all_vals = _unpack_records(flat.reshape(int(counts[:, k].sum()), int(rows[k])),
                                             like[k], widths[k])
         out.append(dedup_sum(all_ids, all_vals))

@@ -244,3 +244,29 @@ def test_replicated_batch_with_a_bad_gradient_raises_everywhere(comm):
         assert all(np.array_equal(before[n], t.table) for n, t in tables.items())
     finally:
         topo.free()
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.timeout(60)
+def test_alltoallv_many_equals_alltoallv_rows_per_variable(comm):
+    """The raw helper: random counts (many zero), mixed widths and dtypes, one or two arrays."""
+    from hpcpax.exchange import alltoallv_many, alltoallv_rows, exchange_counts, exchange_counts_many
+
+    rng = np.random.default_rng([comm.rank, 11])
+    size = comm.Get_size()
+    kinds = [(np.float32, (3,)), (np.int64, ()), (np.float64, (2, 2)), (np.float32, (1,))]
+    counts = rng.integers(0, 3, (size, len(kinds))) * rng.integers(0, 2, (size, len(kinds)))
+    arrays = []
+    for k, (dtype, shape) in enumerate(kinds):
+        n = int(counts[:, k].sum())
+        values = rng.standard_normal((n,) + shape).astype(dtype)
+        arrays.append([values] if k % 2 else [rng.integers(0, 99, n), values])
+    recv = exchange_counts_many(comm, counts)
+    got = alltoallv_many(comm, counts, recv, arrays)
+    for k in range(len(kinds)):
+        r = exchange_counts(comm, counts[:, k])
+        assert np.array_equal(r, recv[:, k])
+        want = alltoallv_rows(comm, counts[:, k], r, arrays[k])
+        assert len(got[k]) == len(want)
+        for a, b in zip(got[k], want):
+            assert a.dtype == b.dtype and np.array_equal(a, b)
