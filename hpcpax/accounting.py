@@ -134,42 +134,29 @@ class Accounting:
                 sub-communicator; default: peers are world ranks 0..n-1.
             calls: how many operations this record counts as.
         """
-        sent = np.asarray(sent_per_rank, np.int64)
-        recv = np.asarray(recv_per_rank, np.int64)
-        peers = np.arange(len(sent)) if ranks is None else np.asarray(ranks, np.int64)
-        not_self = peers != self.rank
-        same_node = self.node_of[peers] == self.node_of[self.rank]
-        intra = not_self & same_node
-        inter = not_self & ~same_node
-        self._add(
-            phase,
-            variable,
-            sent_bytes=int(sent[not_self].sum()),
-            recv_bytes=int(recv[not_self].sum()),
-            sent_intra_bytes=int(sent[intra].sum()),
-            sent_inter_bytes=int(sent[inter].sum()),
-            recv_intra_bytes=int(recv[intra].sum()),
-            recv_inter_bytes=int(recv[inter].sum()),
-            seconds=float(seconds),
-            calls=calls,
-        )
+        self.record_batched_exchange(phase, [variable], [sent_per_rank], [recv_per_rank],
+                                     seconds, ranks=ranks, calls=calls)
 
     def record_batched_exchange(self, phase, variables, sent_per_rank, recv_per_rank,
-                                seconds=0.0, ranks=None) -> None:
+                                seconds=0.0, ranks=None, calls=1) -> None:
         """Record one exchange that carried several variables at once.
 
-        The phase gets the summed bytes, the seconds and **one** call; each
-        variable gets its own exact bytes, one call (the collective that
-        carried it) and a share of the seconds proportional to its bytes
-        (sent + received; equal shares when nothing moved).
+        The phase gets the summed bytes, the seconds and ``calls`` calls;
+        each variable gets its own exact bytes, ``calls`` calls (the
+        collective that carried it) and a share of the seconds proportional
+        to its bytes (sent + received; equal shares when nothing moved).
+        :meth:`record_exchange` is the one-variable case.
 
         Args:
             phase: phase name.
-            variables: the variable names, length ``K``.
+            variables: the ``K`` variable names (None entries count for the
+                phase only).
             sent_per_rank, recv_per_rank: ``[K, peers]`` bytes per variable
                 and peer (self included, not counted as traffic).
             seconds: wall time of the whole exchange.
-            ranks: world rank of each peer (see :meth:`record_exchange`).
+            ranks: world rank of each peer, when the exchange ran on a
+                sub-communicator; default: peers are world ranks 0..n-1.
+            calls: how many operations this record counts as.
         """
         sent = np.asarray(sent_per_rank, np.int64).reshape(len(variables), -1)
         recv = np.asarray(recv_per_rank, np.int64).reshape(len(variables), -1)
@@ -186,19 +173,14 @@ class Accounting:
             "recv_inter_bytes": recv[:, inter].sum(axis=1),
         }
         moved = (sent.sum(axis=1) + recv.sum(axis=1)).astype(np.float64)
-        share = (moved / moved.sum() if moved.sum() > 0
-                 else np.full(len(variables), 1.0 / max(len(variables), 1)))
-        entry = self._phases[phase]
-        for name, values in fields.items():
-            entry[name] += int(values.sum())
-        entry["seconds"] += float(seconds)
-        entry["calls"] += 1
+        share = moved / moved.sum() if moved.sum() > 0 else np.full(len(variables),
+                                                                    1.0 / len(variables))
+        self._add(phase, None, seconds=float(seconds), calls=calls,
+                  **{name: int(values.sum()) for name, values in fields.items()})
         for k, variable in enumerate(variables):
-            entry = self._variables[variable]
-            for name, values in fields.items():
-                entry[name] += int(values[k])
-            entry["seconds"] += float(seconds) * float(share[k])
-            entry["calls"] += 1
+            if variable is not None:
+                self._add(None, variable, seconds=float(seconds) * float(share[k]), calls=calls,
+                          **{name: int(values[k]) for name, values in fields.items()})
 
     def record_bytes(self, phase, variable, sent=0, recv=0, sent_inter=0, recv_inter=0,
                      seconds=0.0) -> None:

@@ -335,7 +335,7 @@ class ParameterServer:
         xp = array_module(ids)
         unique, inverse = np.unique(to_host(ids).astype(np.int64, copy=False),
                                     return_inverse=True)
-        rows = self._pull(name, unique, ids)
+        rows = self._pull(name, unique)
         out = rows[inverse.reshape(-1)]
         return out if xp is np else xp.asarray(out)
 
@@ -345,7 +345,7 @@ class ParameterServer:
         **Collective**. What a model needs: each row once.
         """
         unique = np.unique(to_host(ids).astype(np.int64, copy=False))
-        return unique, self._pull(name, unique, ids)
+        return unique, self._pull(name, unique)
 
     def pull_unique_many(self, ids_by_name):
         """:meth:`pull_unique` of several variables in one exchange per phase.
@@ -366,7 +366,7 @@ class ParameterServer:
         variables = sorted((self._var(n) for n in names), key=lambda v: v.index)
         if len(variables) == 1:
             name = variables[0].spec.name
-            return {name: (uniques[name], self._pull(name, uniques[name], None))}
+            return {name: (uniques[name], self._pull(name, uniques[name]))}
         error = None
         for var in variables:
             try:
@@ -383,7 +383,7 @@ class ParameterServer:
         return {n: (uniques[n], rows[n]) for n in names}
 
     def _pull_many_collective(self, variables, id_lists):
-        """The data movement of :meth:`pull_unique_many` (workers and servers)."""
+        """The data movement of every pull, of one variable or several (workers and servers)."""
         topo, acct = self.topology, self.accounting
         names = [v.spec.name for v in variables]
         outgoing = list(id_lists)
@@ -429,7 +429,7 @@ class ParameterServer:
                 result[k] = _unsort(back[j][0], n_orders[j])
         return result
 
-    def _pull(self, name, unique, original):
+    def _pull(self, name, unique):
         var = self._var(name)
         error = None
         try:
@@ -438,37 +438,7 @@ class ParameterServer:
             error = exc
         workers = self._header(OP_PULL, var.index, _status_of(error))
         self._check_status(workers, name, "pull", error)
-        return self._pull_collective(var, unique)
-
-    def _pull_collective(self, var, ids):
-        topo, acct, name = self.topology, self.accounting, var.spec.name
-        dim, dtype = var.spec.dim, np.dtype(var.spec.dtype)
-        la = self._aggregates(var)
-        if la:
-            nw = topo.node_workers
-            delegate = var.partitioning.partition_of(ids) % nw.Get_size()
-            n_counts, n_order, n_ids = group_by_destination(delegate, nw.Get_size(), ids)
-            n_recv = exchange_counts(nw, n_counts, acct, "intra_node", name,
-                                     self._node_worker_ranks)
-            (requests,) = alltoallv_rows(nw, n_counts, n_recv, [n_ids], acct, "intra_node",
-                                         name, ranks=self._node_worker_ranks)
-            outgoing, inverse = np.unique(requests, return_inverse=True)
-        else:
-            outgoing = ids
-        counts, order, out_ids = group_by_destination(var.dest_of(outgoing), topo.size, outgoing)
-        recv = exchange_counts(topo.comm, counts, acct, "pull", name)
-        (wanted,) = alltoallv_rows(topo.comm, counts, recv, [out_ids], acct, "pull", name)
-        if len(wanted):
-            rows = gather_rows(var.table, var.local_rows(wanted))
-        else:
-            rows = np.zeros((0, dim), dtype)
-        (got,) = alltoallv_rows(topo.comm, recv, counts, [rows], acct, "pull", name)
-        got = _unsort(got, order)
-        if la:
-            (back,) = alltoallv_rows(nw, n_recv, n_counts, [got[inverse]], acct, "intra_node",
-                                     name, ranks=self._node_worker_ranks)
-            got = _unsort(back, n_order)
-        return got
+        return self._pull_many_collective([var], [unique])[0]
 
     # ---------------------------------------------------------------- push
     def push(self, name, grad: SparseGrad) -> bool:
@@ -492,7 +462,7 @@ class ParameterServer:
         workers = self._header(OP_PUSH, var.index, _status_of(error))
         if self._check_status(workers, name, "push", error):
             return False
-        return self._push_collective(var, ids, values)
+        return self._push_many_collective([var], [ids], [values])
 
     def push_many(self, grads) -> bool:
         """:meth:`push` of several variables in one exchange per phase.
@@ -541,7 +511,7 @@ class ParameterServer:
         return ids, values
 
     def _push_many_collective(self, variables, id_lists, value_lists):
-        """The data movement and updates of :meth:`push_many` (workers and servers)."""
+        """The data movement and updates of every push, one variable or several."""
         topo, acct = self.topology, self.accounting
         names = [v.spec.name for v in variables]
         id_lists, value_lists = list(id_lists), list(value_lists)
@@ -572,25 +542,6 @@ class ParameterServer:
         got = alltoallv_many(topo.comm, counts, recv, sends, acct, "push", names)
         for k, var in enumerate(variables):
             self._apply(var, got[k][0], got[k][1])
-        return True
-
-    def _push_collective(self, var, ids, values):
-        topo, acct, name = self.topology, self.accounting, var.spec.name
-        la = self._aggregates(var)
-        if la:
-            nw = topo.node_workers
-            delegate = var.partitioning.partition_of(ids) % nw.Get_size()
-            n_counts, _, n_ids, n_vals = group_by_destination(delegate, nw.Get_size(), ids, values)
-            n_recv = exchange_counts(nw, n_counts, acct, "intra_node", name,
-                                     self._node_worker_ranks)
-            r_ids, r_vals = alltoallv_rows(nw, n_counts, n_recv, [n_ids, n_vals], acct,
-                                           "intra_node", name, ranks=self._node_worker_ranks)
-            with acct.timer("aggregate", name):
-                ids, values = dedup_sum(r_ids, r_vals)
-        counts, _, s_ids, s_vals = group_by_destination(var.dest_of(ids), topo.size, ids, values)
-        recv = exchange_counts(topo.comm, counts, acct, "push", name)
-        r_ids, r_vals = alltoallv_rows(topo.comm, counts, recv, [s_ids, s_vals], acct, "push", name)
-        self._apply(var, r_ids, r_vals)
         return True
 
     def _apply(self, var, ids, values):
@@ -750,10 +701,10 @@ class ParameterServer:
         if self._check_status(workers, var.spec.name, _OP_NAMES[op]):
             return
         if op == OP_PULL:
-            self._pull_collective(var, np.zeros(0, np.int64))
+            self._pull_many_collective([var], [np.zeros(0, np.int64)])
         elif op == OP_PUSH:
-            self._push_collective(var, np.zeros(0, np.int64),
-                                  np.zeros((0, var.spec.dim), var.spec.dtype))
+            self._push_many_collective([var], [np.zeros(0, np.int64)],
+                                       [np.zeros((0, var.spec.dim), var.spec.dtype)])
 
     def _batch_vars(self, base, mask):
         """The variables of a batched header: indices ``base + i`` for set bits ``i``."""

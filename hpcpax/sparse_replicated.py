@@ -25,7 +25,7 @@ import numpy as np
 from .accounting import ring_allreduce_bytes
 from .backend import array_module, to_host
 from .errors import ConfigError, NonFiniteError
-from .exchange import _pack_records, _unpack_records
+from .exchange import _as_bytes, _row_bytes, _split_segments
 from .initializers import init_rows
 from .ops import dedup_sum, gather_rows
 from .ops.optimizers import make_optimizer
@@ -42,27 +42,10 @@ def allgather_sparse(topology, name, ids, values):
 
     **Collective** over ``topology.workers``. Inputs deduplicated host arrays;
     returns ``(unique ids, summed rows)``; bytes counted in phase ``allgather``
-    as direct sends to each peer (what the gathered result implies).
+    as direct sends to each peer (what the gathered result implies). The
+    one-variable :func:`allgather_sparse_many`.
     """
-    from mpi4py import MPI
-
-    comm, acct = topology.workers, topology.accounting
-    start = time.perf_counter()
-    counts = np.array(comm.allgather(len(ids)), np.int64)
-    displs = np.concatenate([[0], np.cumsum(counts)[:-1]])
-    dim = values.shape[1]
-    all_ids = np.empty(int(counts.sum()), np.int64)
-    all_vals = np.empty((int(counts.sum()), dim), values.dtype)
-    comm.Allgatherv([np.ascontiguousarray(ids, np.int64), MPI.INT64_T],
-                    [all_ids, (counts, displs), MPI.INT64_T])
-    vtype = MPI._typedict[values.dtype.char]
-    comm.Allgatherv([np.ascontiguousarray(values), vtype],
-                    [all_vals, (counts * dim, displs * dim), vtype])
-    row = 8 + dim * values.itemsize
-    peers = np.asarray(topology.worker_ranks)
-    acct.record_exchange("allgather", name, np.full(len(peers), len(ids) * row),
-                         counts * row, time.perf_counter() - start, ranks=peers)
-    return dedup_sum(all_ids, all_vals)
+    return allgather_sparse_many(topology, [name], [ids], [values])[0]
 
 
 def allgather_sparse_many(topology, names, id_lists, value_lists):
@@ -72,9 +55,10 @@ def allgather_sparse_many(topology, names, id_lists, value_lists):
     ``names`` in the same order. One ``Allgather`` of the ``K`` row counts,
     then one ``Allgatherv`` of bytes holding, for each worker, its rows of
     variable 0, then 1, ... (id beside values, one record per row). Returns
-    ``[(unique ids, summed rows), ...]``, each bit-identical to
-    :func:`allgather_sparse` of that variable alone (same rows summed in the
-    same order); bytes are counted per variable the same way.
+    ``[(unique ids, summed rows), ...]``: row ``u`` of a variable is the sum,
+    in worker order, of every worker's row for that id (so each variable's
+    result is bit-identical to syncing it alone); bytes are counted per
+    variable as direct sends to each peer.
     """
     from mpi4py import MPI
 
@@ -84,31 +68,21 @@ def allgather_sparse_many(topology, names, id_lists, value_lists):
     mine = np.array([len(ids) for ids in id_lists], np.int64)
     counts = np.empty((comm.Get_size(), k_vars), np.int64)
     comm.Allgather([mine, MPI.INT64_T], [counts, MPI.INT64_T])
-    like = [[np.zeros(0, np.int64), np.zeros((0,) + v.shape[1:], v.dtype)] for v in value_lists]
-    widths = [[8, int(np.prod(v.shape[1:], dtype=np.int64)) * v.itemsize] for v in value_lists]
-    rows = np.array([sum(w) for w in widths], np.int64)
-    packed = [_pack_records([np.ascontiguousarray(i, np.int64), np.ascontiguousarray(v)])[0]
-              .reshape(-1) for i, v in zip(id_lists, value_lists)]
+    arrays = [[np.ascontiguousarray(i, np.int64), np.ascontiguousarray(v)]
+              for i, v in zip(id_lists, value_lists)]
+    rows = np.array([_row_bytes(a) for a in arrays], np.int64)
+    packed = [_as_bytes(a, int(w)).reshape(-1) for a, w in zip(arrays, rows)]
     send = np.concatenate(packed) if packed else np.zeros(0, np.uint8)
     per_worker = counts @ rows
     displs = np.concatenate([[0], np.cumsum(per_worker)[:-1]]).astype(np.int64)
     gathered = np.empty(int(per_worker.sum()), np.uint8)
     comm.Allgatherv([send, MPI.BYTE], [gathered, (per_worker, displs), MPI.BYTE])
-    seg_bytes = counts * rows  # [workers, K]
-    seg_start = displs[:, None] + np.cumsum(seg_bytes, axis=1) - seg_bytes
-    starts, ends = seg_start.tolist(), (seg_start + seg_bytes).tolist()
-    pieces = [[] for _ in range(k_vars)]
-    for k, w in zip(*(i.tolist() for i in np.nonzero(counts.T))):  # by k, then worker
-        pieces[k].append(gathered[starts[w][k]:ends[w][k]])
     out = []
-    for k in range(k_vars):
-        flat = np.concatenate(pieces[k]) if pieces[k] else np.zeros(0, np.uint8)
-        all_ids, all_vals = _unpack_records(flat.reshape(int(counts[:, k].sum()), int(rows[k])),
-                                            like[k], widths[k])
+    for all_ids, all_vals in _split_segments(gathered, displs, counts, rows, arrays):
         out.append(dedup_sum(all_ids, all_vals))
     peers = np.asarray(topology.worker_ranks)
     sent = np.repeat((mine * rows)[:, None], len(peers), axis=1)
-    acct.record_batched_exchange("allgather", list(names), sent, seg_bytes.T,
+    acct.record_batched_exchange("allgather", list(names), sent, (counts * rows).T,
                                  time.perf_counter() - start, ranks=peers)
     return out
 

@@ -135,42 +135,46 @@ def test_batched_pulls_see_the_batched_pushes(comm):
         topo.free()
 
 
-@pytest.mark.mpi(min_size=2)
-@pytest.mark.timeout(60)
-def test_bad_ids_in_one_batched_variable_raise_everywhere_tables_untouched(comm):
+@pytest.fixture
+def workers_ps(comm):
+    """``(topology, ParameterServer)`` with SPECS registered, every rank a worker."""
     topo = hpcpax.init(servers_per_node=0)
     try:
         ps = ParameterServer(topo)
         ps.register(SPECS)
-        before = {s.name: ps.read_table(s.name).copy() for s in SPECS}
-        grads = {s.name: step_grad(s, topo.worker_index, 0) for s in SPECS}
-        if topo.rank == 1:
-            grads["c"] = SparseGrad(np.array([1, 300]), np.ones((2, 2), np.float32), 300)
-        with pytest.raises(SparseIndexError, match="'c'|c:|300"):
-            ps.push_many(grads)
-        bad_pull = {s.name: step_ids(s, topo.worker_index, 0) for s in SPECS}
-        if topo.rank == 0:
-            bad_pull["a"] = np.array([-1])
-        with pytest.raises(SparseIndexError):
-            ps.pull_unique_many(bad_pull)
-        for s in SPECS:
-            assert np.array_equal(ps.read_table(s.name), before[s.name])
+        yield topo, ps
     finally:
         topo.free()
 
 
 @pytest.mark.mpi(min_size=2)
 @pytest.mark.timeout(60)
-def test_workers_batching_different_variables_raise_instead_of_hanging(comm):
-    topo = hpcpax.init(servers_per_node=0)
-    try:
-        ps = ParameterServer(topo)
-        ps.register(SPECS)
-        names = ["a", "b"] if topo.rank == 0 else ["a", "c"]
-        with pytest.raises(MismatchError, match="pull_many"):
-            ps.pull_unique_many({n: np.array([1]) for n in names})
-    finally:
-        topo.free()
+def test_bad_ids_in_one_batched_variable_raise_everywhere_tables_untouched(workers_ps):
+    topo, ps = workers_ps
+    before = {s.name: ps.read_table(s.name).copy() for s in SPECS}
+    grads = {s.name: step_grad(s, topo.worker_index, 0) for s in SPECS}
+    if topo.rank == 1:
+        grads["c"] = SparseGrad(np.array([1, 300]), np.ones((2, 2), np.float32), 300)
+    # every rank names the variable and the bad id (rank 1 its own error,
+    # the others the broadcast message)
+    with pytest.raises(SparseIndexError, match=r"c: index 300 is out of range for 300 rows"):
+        ps.push_many(grads)
+    bad_pull = {s.name: step_ids(s, topo.worker_index, 0) for s in SPECS}
+    if topo.rank == 0:
+        bad_pull["a"] = np.array([-1])
+    with pytest.raises(SparseIndexError, match=r"a: index -1 is negative"):
+        ps.pull_unique_many(bad_pull)
+    for s in SPECS:
+        assert np.array_equal(ps.read_table(s.name), before[s.name])
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.timeout(60)
+def test_workers_batching_different_variables_raise_instead_of_hanging(workers_ps):
+    topo, ps = workers_ps
+    names = ["a", "b"] if topo.rank == 0 else ["a", "c"]
+    with pytest.raises(MismatchError, match=r"pull_many\(a, b\).*pull_many\(a, c\)"):
+        ps.pull_unique_many({n: np.array([1]) for n in names})
 
 
 def test_batches_split_by_index_span():
@@ -188,7 +192,13 @@ def test_batches_split_by_index_span():
 def test_replicated_allgather_batch_equals_one_by_one(comm, rpn):
     """``sparse_replicated.push_many``: one Allgatherv for every allgather table,
     the same replicas bit for bit and the same bytes per table as one-by-one."""
-    from hpcpax.sparse_replicated import ReplicatedTable, allgather_sparse, push_many
+    from hpcpax.ops import dedup_sum
+    from hpcpax.ops.dedup import dedup_sum_reference
+    from hpcpax.sparse_replicated import (
+        ReplicatedTable,
+        allgather_sparse_many,
+        push_many,
+    )
 
     topo = hpcpax.init(ranks_per_node=rpn, servers_per_node=0)
     try:
@@ -213,15 +223,16 @@ def test_replicated_allgather_batch_equals_one_by_one(comm, rpn):
                            for f in FIELDS)
             assert many["phases"]["allgather"]["calls"] == 1
             assert one["phases"]["allgather"]["calls"] == 2
-        # and the batched sum equals the plain allgather_sparse of each table
+        # and the batched sums equal a plain NumPy reference: every worker's
+        # rows gathered (pickled) in worker order, summed by np.add.at
         grads = {s.name: step_grad(s, topo.worker_index, STEPS) for s in SPECS}
-        from hpcpax.ops import dedup_sum
-        from hpcpax.sparse_replicated import allgather_sparse_many
         prepared = [dedup_sum(grads[n].indices, grads[n].values) for n in ("a", "c")]
         got = allgather_sparse_many(topo, ["a", "c"], [p[0] for p in prepared],
                                     [p[1] for p in prepared])
         for (ids, vals), (u, summed) in zip(prepared, got):
-            want = allgather_sparse(topo, "x", ids, vals)
+            everyone = topo.workers.allgather((ids, vals))
+            want = dedup_sum_reference(np.concatenate([i for i, _ in everyone]),
+                                       np.concatenate([v for _, v in everyone]))
             assert np.array_equal(u, want[0]) and np.array_equal(summed, want[1])
     finally:
         topo.free()
@@ -250,7 +261,12 @@ def test_replicated_batch_with_a_bad_gradient_raises_everywhere(comm):
 @pytest.mark.timeout(60)
 def test_alltoallv_many_equals_alltoallv_rows_per_variable(comm):
     """The raw helper: random counts (many zero), mixed widths and dtypes, one or two arrays."""
-    from hpcpax.exchange import alltoallv_many, alltoallv_rows, exchange_counts, exchange_counts_many
+    from hpcpax.exchange import (
+        alltoallv_many,
+        alltoallv_rows,
+        exchange_counts,
+        exchange_counts_many,
+    )
 
     rng = np.random.default_rng([comm.rank, 11])
     size = comm.Get_size()
