@@ -4,7 +4,6 @@ Batches are ``{"dense": float32 [B, n_dense], "categorical": int64 [B, n_fields]
 "label": float32 [B]}`` on the host.
 """
 
-import operator
 import os
 
 import numpy as np
@@ -12,19 +11,10 @@ import numpy as np
 from hpcpax.data import synthetic
 from hpcpax.data.layouts import check_ctr, open_h5
 from hpcpax.data.reading import ShardedReader, gather_windows, scan_chunks
+from hpcpax.data.sampling import check_int
 from hpcpax.errors import DataError
 
 __all__ = ["CTRDataset", "SyntheticCTR"]
-
-
-def _int(value, name, minimum):
-    try:
-        value = operator.index(value)
-    except TypeError:
-        raise TypeError(f"{name} must be int, not {type(value).__name__}") from None
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, not {value}")
-    return value
 
 
 class _CTRReader(ShardedReader):
@@ -164,10 +154,10 @@ class SyntheticCTR(_CTRReader):
 
     def __init__(self, num_samples=100_000, n_dense=13, n_fields=26, cardinality=1000, seed=0,
                  zipf=1.1, shuffle=False):
-        num_samples = _int(num_samples, "num_samples", 1)
-        n_dense = _int(n_dense, "n_dense", 0)
-        n_fields = _int(n_fields, "n_fields", 1)
-        seed = _int(seed, "seed", 0)
+        num_samples = check_int(num_samples, "num_samples", 1)
+        n_dense = check_int(n_dense, "n_dense", 0)
+        n_fields = check_int(n_fields, "n_fields", 1)
+        seed = check_int(seed, "seed", 0)
         sizes = np.asarray(cardinality)
         if sizes.dtype.kind not in "iu" or sizes.ndim > 1 or (sizes < 1).any() or \
                 (sizes.ndim == 1 and sizes.shape != (n_fields,)):

@@ -5,7 +5,6 @@ tokens[i : i+k]``, ``target = tokens[i+k]``, for ``i`` in ``[0, T-k)``.
 Batches are ``{"context": int64 [B, k], "target": int64 [B]}`` on the host.
 """
 
-import operator
 import os
 
 import numpy as np
@@ -13,26 +12,17 @@ import numpy as np
 from hpcpax.data import synthetic
 from hpcpax.data.layouts import check_lm, open_h5
 from hpcpax.data.reading import ShardedReader, gather_windows, scan_chunks
+from hpcpax.data.sampling import check_int
 from hpcpax.errors import DataError
 
 __all__ = ["LMDataset", "SyntheticLM"]
-
-
-def _positive_int(value, name, minimum=1):
-    try:
-        value = operator.index(value)
-    except TypeError:
-        raise TypeError(f"{name} must be int, not {type(value).__name__}") from None
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, not {value}")
-    return value
 
 
 class _LMReader(ShardedReader):
     kind = "lm"
 
     def __init__(self, name, tokens, vocab_size, context, shuffle, seed):
-        self.context = _positive_int(context, "context")
+        self.context = check_int(context, "context", 1)
         self.vocab_size = vocab_size
         self._tokens = tokens
         self.num_tokens = len(tokens)
@@ -64,7 +54,7 @@ class _LMReader(ShardedReader):
         """
         limit = self.vocab_size
         if vocab_size is not None:
-            limit = min(limit, _positive_int(vocab_size, "vocab_size"))
+            limit = min(limit, check_int(vocab_size, "vocab_size", 1))
         largest = -1
         with self._reading():
             for first, block in scan_chunks(self._tokens, self._tokens.dtype.itemsize):
@@ -149,9 +139,9 @@ class SyntheticLM(_LMReader):
 
     def __init__(self, num_tokens=200_000, vocab_size=1000, context=8, seed=0, zipf=1.1,
                  shuffle=False):
-        num_tokens = _positive_int(num_tokens, "num_tokens")
-        vocab_size = _positive_int(vocab_size, "vocab_size", minimum=2)
-        seed = _positive_int(seed, "seed", minimum=0)
+        num_tokens = check_int(num_tokens, "num_tokens", 1)
+        vocab_size = check_int(vocab_size, "vocab_size", 2)
+        seed = check_int(seed, "seed", 0)
         tokens = synthetic.generate_lm(num_tokens, vocab_size, seed=seed, zipf=zipf)
         self.zipf = zipf
         super().__init__(f"synthetic-lm(seed={seed})", tokens, vocab_size, context, shuffle,

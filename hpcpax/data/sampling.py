@@ -19,17 +19,21 @@ import numpy as np
 
 from hpcpax.errors import DataError
 
-__all__ = ["check_geometry", "mix64", "permute", "sample_indices"]
+__all__ = ["check_geometry", "check_int", "mix64", "permute", "sample_indices"]
 
 _FEISTEL_ROUNDS = 6
 _TAG_SHUFFLE = 0x5348554646  # "SHUFF": separates shuffle keys from data-generation streams
 
 
-def _as_int(value, name):
+def check_int(value, name, minimum=None):
+    """``value`` as an int: TypeError unless integral, ValueError below ``minimum``."""
     try:
-        return operator.index(value)
+        value = operator.index(value)
     except TypeError:
         raise TypeError(f"{name} must be int, not {type(value).__name__}") from None
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, not {value}")
+    return value
 
 
 def mix64(values):
@@ -93,10 +97,10 @@ def check_geometry(step, global_batch, shard, num_shards, num_samples, name):
             batch that does not split evenly, an empty shard, or a data set with
             fewer samples than one global batch. The message names ``name``.
     """
-    step = _as_int(step, "step")
-    global_batch = _as_int(global_batch, "global_batch")
-    shard = _as_int(shard, "shard")
-    num_shards = _as_int(num_shards, "num_shards")
+    step = check_int(step, "step")
+    global_batch = check_int(global_batch, "global_batch")
+    shard = check_int(shard, "shard")
+    num_shards = check_int(num_shards, "num_shards")
     if step < 0:
         raise DataError(f"{name}: step must be >= 0, not {step}")
     if num_shards < 1:
@@ -133,7 +137,7 @@ def sample_indices(step, global_batch, shard, num_shards, num_samples, shuffle=F
         order (not sorted when ``shuffle`` is on).
     """
     local = check_geometry(step, global_batch, shard, num_shards, num_samples, name)
-    seed = _as_int(seed, "seed")
+    seed = check_int(seed, "seed")
     if seed < 0:
         raise DataError(f"{name}: seed must be >= 0, not {seed}")
     first = step * global_batch + shard * local  # Python int: no overflow at any step
