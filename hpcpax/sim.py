@@ -144,14 +144,14 @@ def _strategy_times(specs, strategy, shape, fabric, params, partitions):
         return {name: (v.method + ("+agg" if v.local_aggregation else ""), v.predicted_s)
                 for name, v in plan.variables.items()}
     out = {}
+    if params.ps_batch is None:  # ps_all: every variable on the servers, in one batch
+        params = dataclasses.replace(params, ps_batch=len(specs))
     for spec in specs:
         if strategy == "horovod":
             method = "allgather" if spec.kind == "sparse" else "allreduce"
-        else:  # ps_all: every variable on the servers, in one batch
+        else:  # ps_all
             method = "ps_no_local_aggregation"
-        batch = (params if params.ps_batch is not None
-                 else dataclasses.replace(params, ps_batch=len(specs)))
-        seconds = predict(spec, method, shape, fabric, partitions=partitions, params=batch)
+        seconds = predict(spec, method, shape, fabric, partitions=partitions, params=params)
         out[spec.name] = ("ps" if method.startswith("ps") else method, seconds)
     return out
 
