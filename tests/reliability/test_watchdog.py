@@ -114,17 +114,33 @@ def _ended(job, injected):
     return status, elapsed, text
 
 
+def _fault(tmp_path, inject, **env):
+    """Start the 4-rank job, run ``inject(job, run_dir)``, wait for the end.
+
+    Returns ``(exit status, seconds from the injection to the end, output)``.
+    """
+    job, run_dir = _start(tmp_path, **env)
+    try:
+        inject(job, run_dir)
+        return _ended(job, time.monotonic())
+    finally:
+        job.kill()
+
+
+def _signal_after_step_3(signum, victim):
+    def inject(job, run_dir):
+        pids = job.pids()
+        job.wait_for_step(run_dir, 3)
+        os.kill(pids[victim], signum)
+    return inject
+
+
 @pytest.mark.timeout(150)
 def test_hanging_worker_is_named_by_the_watchdog(tmp_path):
     """Rank 3 (a worker) sleeps forever between steps: the others report it and abort."""
     serial_only()
-    job, run_dir = _start(tmp_path, RELIABILITY_HANG_RANK=3, RELIABILITY_HANG_STEP=4)
-    try:
-        job.wait_for_step(run_dir, 4)
-        injected = time.monotonic()
-        status, elapsed, text = _ended(job, injected)
-    finally:
-        job.kill()
+    status, elapsed, text = _fault(tmp_path, lambda job, run_dir: job.wait_for_step(run_dir, 4),
+                                   RELIABILITY_HANG_RANK=3, RELIABILITY_HANG_STEP=4)
     assert status != 0 and elapsed < BOUND
     assert "hpcpax watchdog: rank" in text and "stuck" in text and "'step 5'" in text
     assert "rank 3 idle" in text and "after 'step 4'" in text
@@ -135,13 +151,8 @@ def test_hanging_worker_is_named_by_the_watchdog(tmp_path):
 def test_rank_hanging_in_setup_is_named_by_the_watchdog(tmp_path):
     """Rank 3 hangs selecting its device; the others wait in the next set-up collective."""
     serial_only()
-    job, _ = _start(tmp_path, RELIABILITY_SETUP_HANG_RANK=3)
-    try:
-        job.pids()
-        started = time.monotonic()
-        status, elapsed, text = _ended(job, started)
-    finally:
-        job.kill()
+    status, elapsed, text = _fault(tmp_path, lambda job, run_dir: job.pids(),
+                                   RELIABILITY_SETUP_HANG_RANK=3)
     assert status != 0 and elapsed < BOUND + 20  # start-up of 4 ranks included
     assert "stuck" in text and "'set-up: run dir and config'" in text, text
     assert "ranks [3] in 'set-up: device'" in text, text
@@ -153,15 +164,7 @@ def test_rank_hanging_in_setup_is_named_by_the_watchdog(tmp_path):
 def test_stopped_rank_is_named_as_not_answering(tmp_path, victim):
     """SIGSTOP one rank (a hang MPI cannot see): the watchdog names it as silent."""
     serial_only()
-    job, run_dir = _start(tmp_path)
-    try:
-        pids = job.pids()
-        job.wait_for_step(run_dir, 3)
-        os.kill(pids[victim], signal.SIGSTOP)
-        injected = time.monotonic()
-        status, elapsed, text = _ended(job, injected)
-    finally:
-        job.kill()
+    status, elapsed, text = _fault(tmp_path, _signal_after_step_3(signal.SIGSTOP, victim))
     assert status != 0 and elapsed < BOUND
     assert f"no answer from ranks [{victim}] (dead or stopped?)" in text
 
@@ -175,15 +178,7 @@ def test_killed_rank_ends_the_job(tmp_path, victim):
     does not, the watchdog names the rank. Either is accepted, a hang is not.
     """
     serial_only()
-    job, run_dir = _start(tmp_path)
-    try:
-        pids = job.pids()
-        job.wait_for_step(run_dir, 3)
-        os.kill(pids[victim], signal.SIGKILL)
-        injected = time.monotonic()
-        status, elapsed, text = _ended(job, injected)
-    finally:
-        job.kill()
+    status, elapsed, text = _fault(tmp_path, _signal_after_step_3(signal.SIGKILL, victim))
     assert status != 0 and elapsed < BOUND
     by_hydra = "BAD TERMINATION" in text and ("signal 9" in text or "EXIT CODE: 9" in text)
     assert by_hydra or f"no answer from ranks [{victim}]" in text, text
