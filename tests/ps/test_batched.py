@@ -259,14 +259,10 @@ def test_replicated_batch_with_a_bad_gradient_raises_everywhere(comm):
 
 @pytest.mark.mpi(min_size=1)
 @pytest.mark.timeout(60)
-def test_alltoallv_many_equals_alltoallv_rows_per_variable(comm):
-    """The raw helper: random counts (many zero), mixed widths and dtypes, one or two arrays."""
-    from hpcpax.exchange import (
-        alltoallv_many,
-        alltoallv_rows,
-        exchange_counts,
-        exchange_counts_many,
-    )
+def test_alltoallv_many_equals_a_pickled_alltoall_reference(comm):
+    """The raw helper: random counts (many zero), mixed widths and dtypes, one or two
+    arrays per variable; against ``comm.alltoall`` of each peer's slices (pickle)."""
+    from hpcpax.exchange import alltoallv_many, alltoallv_rows, exchange_counts_many
 
     rng = np.random.default_rng([comm.rank, 11])
     size = comm.Get_size()
@@ -277,12 +273,16 @@ def test_alltoallv_many_equals_alltoallv_rows_per_variable(comm):
         n = int(counts[:, k].sum())
         values = rng.standard_normal((n,) + shape).astype(dtype)
         arrays.append([values] if k % 2 else [rng.integers(0, 99, n), values])
+    bounds = np.vstack([np.zeros((1, len(kinds)), np.int64), np.cumsum(counts, axis=0)])
+    outgoing = [[[a[bounds[d, k]:bounds[d + 1, k]] for a in arrays[k]] for k in range(len(kinds))]
+                for d in range(size)]
+    incoming = comm.alltoall(outgoing)  # incoming[s][k]: what source s sent me of variable k
     recv = exchange_counts_many(comm, counts)
     got = alltoallv_many(comm, counts, recv, arrays)
     for k in range(len(kinds)):
-        r = exchange_counts(comm, counts[:, k])
-        assert np.array_equal(r, recv[:, k])
-        want = alltoallv_rows(comm, counts[:, k], r, arrays[k])
-        assert len(got[k]) == len(want)
-        for a, b in zip(got[k], want):
-            assert a.dtype == b.dtype and np.array_equal(a, b)
+        assert recv[:, k].tolist() == [len(incoming[s][k][0]) for s in range(size)]
+        one = alltoallv_rows(comm, counts[:, k], recv[:, k], arrays[k])  # the K = 1 path
+        for j, (a, b) in enumerate(zip(got[k], one)):
+            want = np.concatenate([incoming[s][k][j] for s in range(size)])
+            assert a.dtype == want.dtype and a.shape == want.shape and np.array_equal(a, want)
+            assert b.dtype == want.dtype and np.array_equal(b, want)
