@@ -16,7 +16,7 @@ setup(
     package_data={
         "hpcpax.kernels": ["*.cu", "*.cuh"],
         "hpcpax.jobscripts": ["*.sbatch"],
-        "hpcpax.planner": ["presets/*.json"],
+        "hpcpax.plan": ["presets/*.json"],
     },
     install_requires=["numpy>=1.24", "mpi4py>=3.1", "h5py>=3.8", "tqdm>=4.60", "threadpoolctl>=3.1"],
     extras_require={

@@ -4,7 +4,7 @@ Workloads: (small) 1,000 float32 tensors of 8 KiB; (mixed) 200 float32
 tensors of log-uniform sizes totalling 32 MiB. Methods, interleaved in the
 same run (A B C A B C ...) so machine noise hits all alike, medians reported:
 
-- ``hpcpax``: :class:`hpcpax.allreduce.DenseAllreduce` (sum, autotuned buckets);
+- ``hpcpax``: :class:`hpcpax.comm.allreduce.DenseAllreduce` (sum, autotuned buckets);
 - ``per_tensor``: one ``MPI_Allreduce`` per tensor;
 - ``one_buffer``: pack everything into one buffer, one ``MPI_Allreduce``, unpack.
 
@@ -22,7 +22,7 @@ import numpy as np
 from mpi4py import MPI
 
 import hpcpax
-from hpcpax.allreduce import DenseAllreduce
+from hpcpax.comm.allreduce import DenseAllreduce
 
 
 def workloads(quick):

@@ -27,7 +27,7 @@ import time
 import numpy as np
 
 from hpcpax.ops import dedup_sum, gather_rows, make_optimizer, partition_pack, scatter_add_rows
-from hpcpax.partitioning import Partitioning
+from hpcpax.ops.partitioning import Partitioning
 
 
 def zipf_ids(n: int, num_rows: int, s: float, rng, xp=np):

@@ -4,7 +4,7 @@ Dense (200 float32 tensors, log-uniform sizes, 8 MiB in all; quick: 20, 256 KiB)
 
 - ``per_tensor``: one ``MPI_Allreduce`` per tensor;
 - ``one_buffer``: pack into one buffer, one ``MPI_Allreduce``, unpack;
-- ``hpcpax``: :class:`hpcpax.allreduce.DenseAllreduce` (sum).
+- ``hpcpax``: :class:`hpcpax.comm.allreduce.DenseAllreduce` (sum).
 
 Sparse (the LM-like gradients of ``torch_sparse.py``: Zipf s=1.0 over
 200,000 rows, dim 64, 4,096 ids per worker per step):
@@ -34,11 +34,11 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _common  # noqa: E402
 
 import hpcpax  # noqa: E402
-from hpcpax.accounting import ring_allreduce_bytes  # noqa: E402
-from hpcpax.allreduce import DenseAllreduce  # noqa: E402
+from hpcpax.comm.accounting import ring_allreduce_bytes  # noqa: E402
+from hpcpax.comm.allreduce import DenseAllreduce  # noqa: E402
 from hpcpax.ops import dedup_sum  # noqa: E402
-from hpcpax.ps import ParameterServer, SparseVariableSpec  # noqa: E402
-from hpcpax.sparse_grad import SparseGrad  # noqa: E402
+from hpcpax.ps.server import ParameterServer, SparseVariableSpec  # noqa: E402
+from hpcpax.ps.sparse_grad import SparseGrad  # noqa: E402
 
 
 def dense_sizes(quick):

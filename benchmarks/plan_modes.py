@@ -18,7 +18,7 @@ import tempfile
 import numpy as np
 from mpi4py import MPI
 
-from hpcpax.trainer import Trainer
+from hpcpax.app.trainer import Trainer
 
 MODES = ("auto", "hybrid", "ps", "allreduce")
 MODELS = {

@@ -28,8 +28,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _common
 
 import hpcpax
-from hpcpax.ps import ParameterServer, SparseVariableSpec
-from hpcpax.sparse_grad import SparseGrad
+from hpcpax.ps.server import ParameterServer, SparseVariableSpec
+from hpcpax.ps.sparse_grad import SparseGrad
 
 BYTE_FIELDS = ("sent_bytes", "recv_bytes", "sent_inter_bytes", "recv_inter_bytes")
 

@@ -20,7 +20,7 @@ import time
 
 from mpi4py import MPI
 
-from hpcpax.trainer import Trainer
+from hpcpax.app.trainer import Trainer
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
 TINY = {"model": "lm", "vocab_size": 2000, "context": 3, "emb_dim": 16, "hidden": [32],

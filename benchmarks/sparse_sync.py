@@ -32,9 +32,9 @@ import numpy as np
 from mpi4py import MPI
 
 import hpcpax
-from hpcpax.ps import ParameterServer, SparseVariableSpec
-from hpcpax.sparse_grad import SparseGrad
-from hpcpax.sparse_replicated import ReplicatedTable
+from hpcpax.ps.server import ParameterServer, SparseVariableSpec
+from hpcpax.ps.sparse_grad import SparseGrad
+from hpcpax.sync.replicated import ReplicatedTable
 
 METHODS = ("allgather", "dense", "ps", "ps_la")
 

@@ -29,7 +29,7 @@ step summed over ranks: hpcpax from its metrics lines; torch by formula:
 sparse tables: each rank's coalesced block, ``unique ids x (8 + dim x 4)``
 bytes, reaches each of the other N - 1 ranks (allgather equivalent); dense
 parameters: ring allreduce, ``2 (N-1)/N x bytes`` per rank
-(``hpcpax.accounting.ring_allreduce_bytes``, which also splits off-node).
+(``hpcpax.comm.accounting.ring_allreduce_bytes``, which also splits off-node).
 
 Run: ``mpirun -n N python -m mpi4py benchmarks/torch_lm.py [--quick]``.
 """
@@ -144,7 +144,7 @@ class TorchSide:
 
     def bytes_per_step(self, comm, warmup):
         """Allgather-equivalent sparse bytes + ring dense bytes, summed over ranks."""
-        from hpcpax.accounting import ring_allreduce_bytes
+        from hpcpax.comm.accounting import ring_allreduce_bytes
 
         everyone = np.array(comm.allgather(self.nnz[warmup:]), np.int64)  # [rank, step, table]
         n = everyone.shape[0]

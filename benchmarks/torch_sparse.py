@@ -46,8 +46,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _common  # noqa: E402
 
 import hpcpax  # noqa: E402
-from hpcpax.ps import ParameterServer, SparseVariableSpec  # noqa: E402
-from hpcpax.sparse_grad import SparseGrad  # noqa: E402
+from hpcpax.ps.server import ParameterServer, SparseVariableSpec  # noqa: E402
+from hpcpax.ps.sparse_grad import SparseGrad  # noqa: E402
 
 PS_PHASES = ("pull", "push", "intra_node", "control")
 

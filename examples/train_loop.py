@@ -11,12 +11,12 @@ gradients with one fused allreduce before its local Adam step.
 
 
 import hpcpax
-from hpcpax.allreduce import DenseAllreduce
+from hpcpax.comm.allreduce import DenseAllreduce
 from hpcpax.data import SyntheticLM
 from hpcpax.models import build_model
 from hpcpax.ops.optimizers import make_optimizer
-from hpcpax.ps import ParameterServer, SparseVariableSpec
-from hpcpax.sparse_grad import SparseGrad
+from hpcpax.ps.server import ParameterServer, SparseVariableSpec
+from hpcpax.ps.sparse_grad import SparseGrad
 
 STEPS, GLOBAL_BATCH = 60, 96
 

@@ -8,9 +8,9 @@ ready-made trainer. Importing the package imports no CuPy or Numba and
 compiles nothing.
 """
 
-from .accounting import Accounting
-from .allreduce import DenseAllreduce
-from .consistency import check_same
+from .comm.accounting import Accounting
+from .comm.allreduce import DenseAllreduce
+from .comm.agreement import check_same
 from .errors import (
     CheckpointError,
     CommTimeoutError,
@@ -23,10 +23,10 @@ from .errors import (
     SparseIndexError,
     TopologyError,
 )
-from .ps import ParameterServer, SparseVariableSpec
-from .sparse_grad import SparseGrad
-from .sparse_replicated import ReplicatedTable
-from .topology import Topology, init
+from .ps.server import ParameterServer, SparseVariableSpec
+from .ps.sparse_grad import SparseGrad
+from .sync.replicated import ReplicatedTable
+from .comm.topology import Topology, init
 
 __version__ = "0.1.0"
 

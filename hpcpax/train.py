@@ -3,8 +3,8 @@
 Run it under MPI as ``mpirun -n 4 python -m mpi4py -m hpcpax.train [flags]``
 (``-m mpi4py`` makes an uncaught error on one rank abort the whole job
 instead of hanging it); without ``mpirun`` it is a one-process run. Flags are
-listed by ``--help`` and documented in :mod:`hpcpax.config`; the loop is
-:class:`hpcpax.trainer.Trainer`.
+listed by ``--help`` and documented in :mod:`hpcpax.app.config`; the loop is
+:class:`hpcpax.app.trainer.Trainer`.
 
 Exit status: 0 on success and after a preemption checkpoint (SIGTERM or
 SIGUSR1; rerun with ``--resume``), 2 on a bad flag or config file.
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import sys
 
-from .config import parse_args
+from .app.config import parse_args
 from .errors import ConfigError
 
 __all__ = ["main"]
@@ -35,9 +35,9 @@ def main(argv=None, *, comm=None, hooks=()) -> int:
     Args:
         argv: command-line arguments (default ``sys.argv[1:]``).
         comm: communicator to run on (default ``MPI.COMM_WORLD``).
-        hooks: passed to :class:`~hpcpax.trainer.Trainer` (tests).
+        hooks: passed to :class:`~hpcpax.app.trainer.Trainer` (tests).
     """
-    from .trainer import Trainer
+    from .app.trainer import Trainer
 
     try:
         config = parse_args(argv)

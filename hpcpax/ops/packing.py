@@ -14,7 +14,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ..backend import is_device_array
-from ..partitioning import Partitioning
+from .partitioning import Partitioning
 from . import _numba
 from ._validate import check_bounds, check_float_matrix, check_index_array, check_same_device
 
@@ -79,7 +79,7 @@ def partition_pack(indices, values, partitioning):
         indices: 1-D integer array of global row ids in ``[0, num_rows)``.
         values: ``[len(indices), dim]`` float32/float64 rows on the same
             device, or None to pack ids alone (pull requests).
-        partitioning: the :class:`~hpcpax.partitioning.Partitioning` of the
+        partitioning: the :class:`~hpcpax.ops.partitioning.Partitioning` of the
             variable.
 
     Returns:

@@ -109,7 +109,7 @@ def test_torch_peers(report):
 
 
 def test_hpcpax_never_imports_torch():
-    code = "import sys, hpcpax, hpcpax.ps, hpcpax.trainer; print('torch' in sys.modules)"
+    code = "import sys, hpcpax, hpcpax.ps.server, hpcpax.app.trainer; print('torch' in sys.modules)"
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
                           text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert done.stdout.strip() == "False", done.stderr

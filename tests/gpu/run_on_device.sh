@@ -33,7 +33,7 @@ $PY -m pip install -q --no-index --find-links .gpu_wheels pytest-mpi 2>&1 | tail
 cat "$OUT/mpi.txt"
 MPIRUN=$(dirname "$(command -v $PY)")/mpirun
 [ -x "$MPIRUN" ] || MPIRUN=mpirun
-$PY -c "from hpcpax.transport import cuda_aware_mpi; print('cuda_aware_mpi', cuda_aware_mpi())" \
+$PY -c "from hpcpax.comm.transport import cuda_aware_mpi; print('cuda_aware_mpi', cuda_aware_mpi())" \
     | tee -a "$OUT/mpi.txt"
 
 status=0

@@ -24,7 +24,7 @@ from hpcpax.ops import (
     scatter_add_rows,
     scatter_add_rows_reference,
 )
-from hpcpax.partitioning import Partitioning
+from hpcpax.ops.partitioning import Partitioning
 
 pytestmark = pytest.mark.gpu
 

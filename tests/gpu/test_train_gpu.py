@@ -13,7 +13,7 @@ import pytest
 from mpi4py import MPI
 
 from hpcpax.backend import has_gpu
-from hpcpax.trainer import Trainer
+from hpcpax.app.trainer import Trainer
 
 pytestmark = pytest.mark.gpu
 

@@ -13,7 +13,7 @@ from ops_strategies import bits, make_ids, make_values, sparse_cases  # noqa: E4
 
 from hpcpax.errors import SparseIndexError
 from hpcpax.ops import PackedPartitions, partition_pack, partition_pack_reference
-from hpcpax.partitioning import Partitioning
+from hpcpax.ops.partitioning import Partitioning
 
 
 def check_packed(packed, ids, values, partitioning):

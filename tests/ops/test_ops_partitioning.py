@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hpcpax.errors import SparseIndexError
-from hpcpax.partitioning import Partitioning
+from hpcpax.ops.partitioning import Partitioning
 
 KINDS = st.sampled_from(["mod", "range"])
 

@@ -13,8 +13,8 @@ from mpi4py import MPI
 
 import hpcpax
 from hpcpax.errors import MismatchError, SparseIndexError
-from hpcpax.ps import MAX_BATCH, ParameterServer, SparseVariableSpec, _batches
-from hpcpax.sparse_grad import SparseGrad
+from hpcpax.ps.server import MAX_BATCH, ParameterServer, SparseVariableSpec, _batches
+from hpcpax.ps.sparse_grad import SparseGrad
 
 SPECS = [
     SparseVariableSpec("a", rows=120, dim=3, dtype="float64", optimizer="adagrad",
@@ -194,7 +194,7 @@ def test_replicated_allgather_batch_equals_one_by_one(comm, rpn):
     the same replicas bit for bit and the same bytes per table as one-by-one."""
     from hpcpax.ops import dedup_sum
     from hpcpax.ops.dedup import dedup_sum_reference
-    from hpcpax.sparse_replicated import (
+    from hpcpax.sync.replicated import (
         ReplicatedTable,
         allgather_sparse_many,
         push_many,
@@ -241,7 +241,7 @@ def test_replicated_allgather_batch_equals_one_by_one(comm, rpn):
 @pytest.mark.mpi(min_size=2)
 @pytest.mark.timeout(60)
 def test_replicated_batch_with_a_bad_gradient_raises_everywhere(comm):
-    from hpcpax.sparse_replicated import ReplicatedTable, push_many
+    from hpcpax.sync.replicated import ReplicatedTable, push_many
 
     topo = hpcpax.init(servers_per_node=0)
     try:
@@ -262,7 +262,7 @@ def test_replicated_batch_with_a_bad_gradient_raises_everywhere(comm):
 def test_alltoallv_many_equals_a_pickled_alltoall_reference(comm):
     """The raw helper: random counts (many zero), mixed widths and dtypes, one or two
     arrays per variable; against ``comm.alltoall`` of each peer's slices (pickle)."""
-    from hpcpax.exchange import alltoallv_many, alltoallv_rows, exchange_counts_many
+    from hpcpax.comm.exchange import alltoallv_many, alltoallv_rows, exchange_counts_many
 
     rng = np.random.default_rng([comm.rank, 11])
     size = comm.Get_size()

@@ -11,8 +11,8 @@ import pytest
 from mpi4py import MPI
 
 import hpcpax
-from hpcpax.ps import ParameterServer, SparseVariableSpec
-from hpcpax.sparse_grad import SparseGrad
+from hpcpax.ps.server import ParameterServer, SparseVariableSpec
+from hpcpax.ps.sparse_grad import SparseGrad
 
 ROWS, DIM = 300, 5
 ROW = DIM * 4  # float32 values

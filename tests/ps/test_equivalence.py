@@ -15,9 +15,9 @@ import pytest
 from mpi4py import MPI
 
 import hpcpax
-from hpcpax.ps import ParameterServer
-from hpcpax.sparse_grad import SparseGrad
-from hpcpax.sparse_replicated import ReplicatedTable
+from hpcpax.ps.server import ParameterServer
+from hpcpax.ps.sparse_grad import SparseGrad
+from hpcpax.sync.replicated import ReplicatedTable
 
 sys.path.insert(0, str(Path(__file__).parent))
 import toy  # noqa: E402

@@ -39,7 +39,7 @@ def hang_in_setup():
     rank = os.environ.get("RELIABILITY_SETUP_HANG_RANK")
     if rank is None or int(rank) != MPI.COMM_WORLD.Get_rank():
         return
-    import hpcpax.trainer
+    import hpcpax.app.trainer
 
     def stuck_device(*args, **kwargs):
         print(f"[rank {rank}] test hook: hanging in device selection", file=sys.stderr,
@@ -47,7 +47,7 @@ def hang_in_setup():
         while True:
             time.sleep(1)
 
-    hpcpax.trainer.select_device = stuck_device
+    hpcpax.app.trainer.select_device = stuck_device
 
 
 if __name__ == "__main__":

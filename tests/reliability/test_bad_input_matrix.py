@@ -13,12 +13,12 @@ import pytest
 from mpi4py import MPI
 
 import hpcpax
-from hpcpax.config import resolve
+from hpcpax.app.config import resolve
 from hpcpax.data import write_lm
 from hpcpax.errors import ConfigError, DataError, MismatchError, NonFiniteError, SparseIndexError
-from hpcpax.ps import ParameterServer, SparseVariableSpec
-from hpcpax.sparse_grad import SparseGrad
-from hpcpax.trainer import Trainer
+from hpcpax.ps.server import ParameterServer, SparseVariableSpec
+from hpcpax.ps.sparse_grad import SparseGrad
+from hpcpax.app.trainer import Trainer
 
 ROWS, DIM = 40, 3
 SPEC = SparseVariableSpec("emb", ROWS, DIM, num_partitions=3)

@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
-from hpcpax import checkpoint as ckpt
+from hpcpax.app import checkpoint as ckpt
 from hpcpax.errors import CheckpointError
-from hpcpax.trainer import Trainer
+from hpcpax.app.trainer import Trainer
 from reliability_jobs import TINY, Job, run_job, serial_only
 
 STEPS = 40

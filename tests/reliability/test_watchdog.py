@@ -13,7 +13,7 @@ import pytest
 from mpi4py import MPI
 
 from hpcpax.errors import ConfigError
-from hpcpax.watchdog import DEFAULT_TIMEOUT, Watchdog, resolve_timeout
+from hpcpax.comm.watchdog import DEFAULT_TIMEOUT, Watchdog, resolve_timeout
 from reliability_jobs import TINY, Job, serial_only
 
 TIMEOUT = 8

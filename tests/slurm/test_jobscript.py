@@ -1,4 +1,4 @@
-"""hpcpax.jobscript: templates render, match their golden files and parse as bash."""
+"""hpcpax.app.jobscript: templates render, match their golden files and parse as bash."""
 
 import os
 import pathlib
@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from hpcpax.errors import ConfigError
-from hpcpax.jobscript import list_templates, load_template, main, render
+from hpcpax.app.jobscript import list_templates, load_template, main, render
 
 GOLDEN = pathlib.Path(__file__).parent / "golden"
 TEMPLATES = ["multi_node", "single_node"]

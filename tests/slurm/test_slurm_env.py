@@ -1,9 +1,9 @@
-"""hpcpax.slurm: every variable of the table parsed from a mocked environment."""
+"""hpcpax.comm.slurm: every variable of the table parsed from a mocked environment."""
 
 import pytest
 
 from hpcpax.errors import ConfigError, TopologyError
-from hpcpax.slurm import (
+from hpcpax.comm.slurm import (
     SLURM_VARIABLES,
     SlurmEnv,
     check_mpi_world,

@@ -11,7 +11,7 @@ REPO = pathlib.Path(__file__).resolve().parents[2]
 PROBE = """
 from mpi4py import MPI
 from hpcpax.errors import TopologyError
-from hpcpax.slurm import SlurmEnv, check_mpi_world
+from hpcpax.comm.slurm import SlurmEnv, check_mpi_world
 comm = MPI.COMM_WORLD
 try:
     print("direct", check_mpi_world(SlurmEnv.from_environ(), comm.Get_size(), comm.Get_rank()),

@@ -1,0 +1,350 @@
+"""Training configuration: one table of flags, a TOML file, and their checks.
+
+Every setting of ``python -m hpcpax.train`` is declared once in :data:`FLAGS`;
+the command line (``--global-batch``), the TOML file (``global_batch = 192``)
+and :class:`~hpcpax.app.trainer.Trainer` (``{"global_batch": 192}``) all go
+through :func:`resolve`, so they accept the same keys with the same checks.
+Precedence: built-in defaults < ``--config`` file < flags given on the
+command line. Nothing here is collective.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tomllib
+from dataclasses import dataclass
+
+from ..errors import ConfigError
+
+__all__ = ["FLAGS", "MODEL_FLAGS", "TRAINING_KEYS", "parse_args", "resolve", "load_toml",
+           "model_kwargs", "normalize_plan", "SPARSE_METHODS"]
+
+SPARSE_METHODS = ("ps", "allgather", "dense")
+
+
+@dataclass(frozen=True)
+class Flag:
+    """One setting: its key (underscores), kind, default and help text."""
+
+    key: str
+    kind: str  # int, float, str, bool, sizes, plan
+    default: object
+    help: str
+    choices: tuple = ()
+    minimum: float | None = None
+
+
+FLAGS = (
+    Flag("model", "str", "lm", "model to train", ("lm", "ctr")),
+    # model sizes (None: the model's own default)
+    Flag("vocab_size", "int", None, "lm: vocabulary rows (default: the data file's, else 10000)",
+         minimum=2),
+    Flag("context", "int", None, "lm: previous tokens per example", minimum=1),
+    Flag("emb_dim", "int", None, "embedding row width", minimum=1),
+    Flag("hidden", "sizes", None, "lm: hidden widths, e.g. 64,64"),
+    Flag("out_dim", "int", None, "lm: projection / softmax_w width", minimum=1),
+    Flag("num_sampled", "int", None, "lm: sampled-softmax negatives per step", minimum=1),
+    Flag("activation", "str", None, "lm: relu or tanh", ("relu", "tanh")),
+    Flag("n_dense", "int", None, "ctr: dense features", minimum=1),
+    Flag("n_fields", "int", None, "ctr: categorical fields (one table each)", minimum=1),
+    Flag("table_rows", "sizes", None, "ctr: rows per table (one int or one per field)"),
+    Flag("bottom", "sizes", None, "ctr: bottom MLP widths (last = emb_dim)"),
+    Flag("top", "sizes", None, "ctr: top MLP widths"),
+    # data
+    Flag("data", "str", None, "HDF5 data file (default: synthetic data in memory)"),
+    Flag("synthetic_samples", "int", 200_000, "synthetic data: tokens (lm) or rows (ctr)",
+         minimum=2),
+    Flag("shuffle", "bool", False, "per-epoch shuffle of the sample order"),
+    # optimization
+    Flag("steps", "int", 300, "training steps", minimum=1),
+    Flag("global_batch", "int", 192, "examples per step over all workers", minimum=1),
+    Flag("optimizer", "str", "adam", "dense optimizer", ("sgd", "momentum", "adagrad", "adam")),
+    Flag("lr", "float", 0.003, "dense learning rate", minimum=0.0),
+    Flag("sparse_optimizer", "str", "adagrad", "optimizer of the embedding rows (on servers)",
+         ("sgd", "momentum", "adagrad", "adam")),
+    Flag("sparse_lr", "float", 0.1, "sparse learning rate", minimum=0.0),
+    Flag("seed", "int", 0, "seed of initializers, sampler and data", minimum=0),
+    Flag("dtype", "str", "float32", "parameter dtype", ("float32", "float64")),
+    # layout and synchronization
+    Flag("servers_per_node", "int", None, "parameter-server ranks per node "
+         "(default: 1 with several ranks, else 0)", minimum=0),
+    Flag("ranks_per_node", "int", None, "cut nodes into virtual nodes of this many ranks",
+         minimum=1),
+    Flag("device", "str", None, "worker device: cpu, gpu or auto (default $HPCPAX_DEVICE, "
+         "else auto); servers always run on the CPU", ("cpu", "gpu", "auto")),
+    Flag("local_aggregation", "bool", True, "aggregate sparse traffic inside a node first"),
+    Flag("plan", "plan", "auto", "auto (measure, then the cost model decides), hybrid "
+         "(measure, then Parallax's rule), ps, allgather, dense (allreduce) or a JSON plan file"),
+    Flag("plan_steps", "int", 5, "auto/hybrid: steps measured before the plan is made",
+         minimum=1),
+    Flag("fabric_seconds", "float", 0.5, "auto/hybrid: time budget of the start-up fabric "
+         "measurement", minimum=0.01),
+    Flag("partition_search", "bool", False, "auto/hybrid: Parallax's partition search on live "
+         "steps after the plan"),
+    Flag("replan_every", "int", 0, "auto/hybrid: re-measure and re-plan every N steps (0: never)",
+         minimum=0),
+    Flag("replan_threshold", "float", 0.1, "re-planning switches a method only for a predicted "
+         "gain above this fraction", minimum=0.0),
+    Flag("bucket_bytes", "int", 1 << 20, "dense allreduce fusion buffer bytes (0: autotune)",
+         minimum=0),
+    # run directory, checkpoints, evaluation
+    Flag("run_dir", "str", None, "output directory (default runs/<timestamp>)"),
+    Flag("checkpoint_every", "int", 0, "checkpoint every N steps and after the last one "
+         "(0: only on preemption)", minimum=0),
+    Flag("keep_checkpoints", "int", 3, "keep the newest K checkpoints (0: all)", minimum=0),
+    Flag("resume", "bool", False, "continue from RUN_DIR's newest complete checkpoint"),
+    Flag("eval_every", "int", 0, "evaluate every N steps (0: never)", minimum=0),
+    Flag("eval_batches", "int", 2, "global batches per evaluation", minimum=1),
+
+    # reliability
+    Flag("timeout", "float", None, "seconds a step (or served operation) may take before the "
+         "watchdog reports the stuck ranks and aborts (default $HPCPAX_TIMEOUT, else 600; "
+         "0: off)", minimum=0.0),
+    Flag("server_memory_budget", "str", None, "bytes of sparse tables plus optimizer slots one "
+         "owner rank may hold, e.g. 8G (default $HPCPAX_SERVER_MEMORY, else available memory "
+         "x 0.8 / ranks on the node)"),
+
+    Flag("quiet", "bool", False, "no progress bar, no config print"),
+    Flag("verbose_ranks", "bool", False, "let every rank print"),
+)
+
+_BY_KEY = {flag.key: flag for flag in FLAGS}
+
+#: Model flags each model accepts (mapped onto :func:`hpcpax.models.build_model`).
+MODEL_FLAGS = {
+    "lm": ("vocab_size", "context", "emb_dim", "hidden", "out_dim", "num_sampled", "activation"),
+    "ctr": ("n_dense", "n_fields", "table_rows", "emb_dim", "bottom", "top"),
+}
+
+#: Keys that define the training math; a checkpoint resumes only if they match.
+TRAINING_KEYS = ("model", "vocab_size", "context", "emb_dim", "hidden", "out_dim",
+                 "num_sampled", "activation", "n_dense", "n_fields", "table_rows", "bottom",
+                 "top", "data", "synthetic_samples", "shuffle", "global_batch", "optimizer",
+                 "lr", "sparse_optimizer", "sparse_lr", "seed", "dtype")
+
+
+def _check_value(flag: Flag, value, where: str):
+    """``value`` converted to the flag's kind, or ConfigError naming ``where``."""
+    if value is None:
+        if flag.default is None:
+            return None
+        raise ConfigError(f"{where} must be {flag.kind}, not None")
+    kind = flag.kind
+    if kind == "bool":
+        if isinstance(value, str) and value.lower() in ("true", "false", "1", "0", "yes", "no"):
+            value = value.lower() in ("true", "1", "yes")
+        if not isinstance(value, bool):
+            raise ConfigError(f"{where} must be bool, not {type(value).__name__} ({value!r})")
+        return value
+    if kind == "int":
+        if isinstance(value, str):
+            try:
+                value = int(value)
+            except ValueError:
+                raise ConfigError(f"{where} must be int, not {value!r}") from None
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{where} must be int, not {type(value).__name__} ({value!r})")
+    elif kind == "float":
+        if isinstance(value, str):
+            try:
+                value = float(value)
+            except ValueError:
+                raise ConfigError(f"{where} must be float, not {value!r}") from None
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{where} must be float, not {type(value).__name__} ({value!r})")
+        value = float(value)
+    elif kind == "str":
+        if not isinstance(value, str):
+            raise ConfigError(f"{where} must be str, not {type(value).__name__} ({value!r})")
+    elif kind == "sizes":
+        if isinstance(value, bool):
+            raise ConfigError(f"{where} must be sizes, not bool")
+        if isinstance(value, int):
+            value = [value]
+        elif isinstance(value, str):
+            try:
+                value = [int(part) for part in value.replace(" ", "").split(",") if part]
+            except ValueError:
+                raise ConfigError(f"{where} must be comma-separated ints, not {value!r}") from None
+        elif isinstance(value, (list, tuple)):
+            if not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+                raise ConfigError(f"{where} must hold ints, not {value!r}")
+            value = list(value)
+        else:
+            raise ConfigError(f"{where} must be an int, a list of ints or '64,32', "
+                              f"not {type(value).__name__}")
+        if any(v <= 0 for v in value):
+            raise ConfigError(f"{where} must be positive sizes, not {value}")
+        return value
+    elif kind == "plan":
+        if isinstance(value, dict):
+            return normalize_plan(value, where)
+        if not isinstance(value, str):
+            raise ConfigError(f"{where} must be a method name, a file or a table, "
+                              f"not {type(value).__name__}")
+        return value
+    if flag.choices and value not in flag.choices:
+        raise ConfigError(f"{where} must be one of {list(flag.choices)}, not {value!r}")
+    if flag.minimum is not None and value < flag.minimum:
+        raise ConfigError(f"{where} must be >= {flag.minimum}, not {value!r}")
+    return value
+
+
+def normalize_plan(plan: dict, where: str = "plan") -> dict:
+    """``{name: {"method", "partitions"[, "owners"]}}`` checked; ``allreduce`` -> ``dense``.
+
+    Also accepts a :class:`hpcpax.plan.Plan` JSON dict (``{"variables": [...]}``);
+    dense variables in it are ignored (they always go through the allreduce).
+    """
+    if "variables" in plan and isinstance(plan["variables"], (list, dict)):
+        entries = plan["variables"]
+        if isinstance(entries, list):
+            entries = {entry.get("name"): entry for entry in entries
+                       if isinstance(entry, dict) and entry.get("kind", "sparse") == "sparse"}
+        plan = entries
+    out = {}
+    for name, entry in plan.items():
+        if not isinstance(entry, dict):
+            raise ConfigError(f"{where}[{name!r}] must be a table, not {type(entry).__name__}")
+        unknown = set(entry) - {"method", "partitions", "owners", "kind", "name", "shape",
+                                "dtype", "local_aggregation", "wire_dtype", "predicted_s",
+                                "facts", "reason"}
+        if unknown:
+            raise ConfigError(f"{where}[{name!r}]: unknown key {sorted(unknown)[0]!r}")
+        method = entry.get("method", "ps")
+        method = "dense" if method == "allreduce" else method
+        if method not in SPARSE_METHODS:
+            raise ConfigError(f"{where}[{name!r}].method must be one of "
+                              f"{list(SPARSE_METHODS) + ['allreduce']}, not {method!r}")
+        partitions = entry.get("partitions")
+        if partitions is not None and (isinstance(partitions, bool)
+                                       or not isinstance(partitions, int) or partitions < 1):
+            raise ConfigError(f"{where}[{name!r}].partitions must be a positive int, "
+                              f"not {partitions!r}")
+        item = {"method": method, "partitions": partitions}
+        owners = entry.get("owners")
+        if owners:
+            item["owners"] = [int(o) for o in owners]
+        out[str(name)] = item
+    return out
+
+
+def load_toml(path) -> dict:
+    """Read a TOML config; keys are flag names with underscores.
+
+    Raises:
+        ConfigError: unreadable file, bad TOML, an unknown key or a bad value
+            (the message names the key and the file).
+    """
+    path = os.fspath(path)
+    try:
+        with open(path, "rb") as handle:
+            data = tomllib.load(handle)
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
+    out = {}
+    for key, value in data.items():
+        normalized = key.replace("-", "_")
+        if normalized not in _BY_KEY or normalized == "config":
+            raise ConfigError(f"config file {path}: unknown key {key!r}")
+        out[normalized] = _check_value(_BY_KEY[normalized], value, f"{path}: {key}")
+    return out
+
+
+def resolve(overrides: dict | None = None, *, config_file=None) -> dict:
+    """Defaults, then the TOML file, then ``overrides``: the checked config dict.
+
+    Args:
+        overrides: ``{key: value}`` (flag names with underscores).
+        config_file: optional TOML path (also accepted as ``overrides["config"]``).
+
+    Raises:
+        ConfigError: unknown key or bad value, named.
+    """
+    overrides = dict(overrides or {})
+    config_file = overrides.pop("config", None) or config_file
+    config = {flag.key: flag.default for flag in FLAGS}
+    if config_file:
+        config.update(load_toml(config_file))
+    for key, value in overrides.items():
+        if key not in _BY_KEY:
+            raise ConfigError(f"unknown config key {key!r}")
+        config[key] = _check_value(_BY_KEY[key], value, key)
+    config["config"] = os.fspath(config_file) if config_file else None
+    _check_combination(config)
+    return config
+
+
+def _check_combination(config):
+    other = "ctr" if config["model"] == "lm" else "lm"
+    for key in MODEL_FLAGS[other]:
+        if key not in MODEL_FLAGS[config["model"]] and config[key] is not None:
+            raise ConfigError(f"{key} is a flag of model {other!r}, not of {config['model']!r}")
+    if config["resume"] and not config["run_dir"]:
+        raise ConfigError("resume needs run_dir: the directory holding the checkpoints")
+
+
+def model_kwargs(config: dict) -> dict:
+    """The :func:`~hpcpax.models.build_model` keyword arguments the config sets."""
+    kwargs = {"seed": config["seed"], "dtype": config["dtype"]}
+    for key in MODEL_FLAGS[config["model"]]:
+        if config[key] is not None:
+            value = config[key]
+            kwargs[key] = tuple(value) if isinstance(value, list) else value
+    if config["model"] == "ctr" and "emb_dim" in kwargs and "bottom" not in kwargs:
+        kwargs["bottom"] = (32, kwargs["emb_dim"])  # the last bottom width must be emb_dim
+    return kwargs
+
+
+def _add_flag(parser, flag: Flag):
+    option = "--" + flag.key.replace("_", "-")
+    if flag.kind == "bool":
+        parser.add_argument(option, dest=flag.key, action=argparse.BooleanOptionalAction,
+                            default=argparse.SUPPRESS, help=f"{flag.help} (default {flag.default})")
+        return
+    metavar = {"int": "N", "float": "X", "sizes": "N[,N...]", "plan": "METHOD|FILE"}.get(
+        flag.kind, "VALUE")
+    if flag.choices:
+        metavar = "{" + ",".join(flag.choices) + "}"
+    parser.add_argument(option, dest=flag.key, default=argparse.SUPPRESS, metavar=metavar,
+                        help=f"{flag.help} (default {flag.default})")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m hpcpax.train",
+        description="Train a sparse model with hybrid data parallelism "
+                    "(run under: mpirun -n N python -m mpi4py -m hpcpax.train).")
+    parser.add_argument("--config", dest="config", default=argparse.SUPPRESS, metavar="FILE",
+                        help="TOML file of settings (keys = flag names with underscores); "
+                             "flags given here override it")
+    for flag in FLAGS:
+        _add_flag(parser, flag)
+    return parser
+
+
+def parse_args(argv=None) -> dict:
+    """Command line (plus ``--config`` file) -> the checked config dict.
+
+    Raises:
+        ConfigError: a bad value or an unknown TOML key (argparse itself exits
+            with status 2 on an unknown flag).
+    """
+    namespace = build_parser().parse_args(argv)
+    return resolve(vars(namespace))
+
+
+def load_plan_file(path) -> dict:
+    """A plan JSON file -> normalized per-variable plan dict."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            data = json.load(handle)
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"plan file {path}: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"plan file {path} must hold a JSON object")
+    return normalize_plan(data, f"plan file {path}")

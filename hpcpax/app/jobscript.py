@@ -1,0 +1,228 @@
+"""Render the Slurm job script templates in ``jobscripts/``.
+
+A template is a batch script with ``{{name}}`` placeholders. Its header
+declares each placeholder, its default and a help line::
+
+    #% ntasks_per_node = 4
+    #%   MPI ranks per node: servers plus workers
+
+``#%`` lines are dropped from the output. A placeholder declared without
+``=`` has no default and must be given. An ``#SBATCH`` line whose placeholder
+renders empty is disabled (written ``##SBATCH``, which Slurm ignores), so an
+empty ``partition`` means "the cluster's default".
+
+Command line (flags are generated from the template's placeholders)::
+
+    python -m hpcpax.jobscript --list
+    python -m hpcpax.jobscript single_node --ntasks-per-node 4 --time 00:10:00 -o job.sbatch
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib.resources
+import importlib.resources.abc
+import pathlib
+import re
+import sys
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from ..errors import ConfigError
+
+__all__ = ["Template", "render", "list_templates", "load_template", "main"]
+
+SUFFIX = ".sbatch"
+_PLACEHOLDER = re.compile(r"\{\{\s*([A-Za-z_][A-Za-z0-9_]*)\s*\}\}")
+_DECLARATION = re.compile(r"^#%\s(?P<name>[A-Za-z_][A-Za-z0-9_]*)\s*(?:=\s?(?P<default>.*))?$")
+_HELP = re.compile(r"^#%\s{2,}(?P<help>\S.*)$")
+
+
+@dataclasses.dataclass(frozen=True)
+class Template:
+    """A parsed template: its body, and for each placeholder a default (None: required) and help."""
+
+    name: str
+    text: str
+    defaults: Dict[str, Optional[str]]
+    help: Dict[str, str]
+
+    @property
+    def placeholders(self) -> Tuple[str, ...]:
+        """Every placeholder, declared ones first in declaration order, then any used but undeclared."""
+        used = [m.group(1) for m in _PLACEHOLDER.finditer(self.text)]
+        return tuple(dict.fromkeys(list(self.defaults) + used))
+
+
+def _template_sources() -> Dict[str, "importlib.resources.abc.Traversable"]:
+    """Template name -> file: the installed package data first, then the source tree."""
+    folders = []
+    try:
+        folders.append(importlib.resources.files("hpcpax.jobscripts"))
+    except (ModuleNotFoundError, TypeError):
+        pass  # running from a source checkout: setup.py has not mapped jobscripts/ yet
+    folders.append(pathlib.Path(__file__).resolve().parent.parent / "jobscripts")
+    sources: Dict[str, "importlib.resources.abc.Traversable"] = {}
+    for folder in folders:
+        if not folder.is_dir():
+            continue
+        for entry in folder.iterdir():
+            if entry.name.endswith(SUFFIX) and entry.is_file():
+                sources.setdefault(entry.name[: -len(SUFFIX)], entry)
+    return sources
+
+
+def list_templates() -> List[str]:
+    """Names of the shipped templates (file stems), sorted."""
+    return sorted(_template_sources())
+
+
+def _read(template: str) -> Tuple[str, str]:
+    """(name, text) of a template given by name or by path."""
+    path = pathlib.Path(template)
+    if path.suffix == SUFFIX or len(path.parts) > 1:
+        if path.is_file():
+            return path.stem, path.read_text()
+        raise ConfigError(f"template file {template!r} does not exist")
+    sources = _template_sources()
+    if template in sources:
+        return template, sources[template].read_text()
+    raise ConfigError(
+        f"template must be one of {sorted(sources)} or a path to a {SUFFIX} file, not {template!r}")
+
+
+def _parse(name: str, source: str) -> Template:
+    defaults: Dict[str, Optional[str]] = {}
+    help_lines: Dict[str, str] = {}
+    body = []
+    last = None
+    for line in source.splitlines(keepends=True):
+        if not line.startswith("#%"):
+            body.append(line)
+            continue
+        stripped = line.rstrip("\n")
+        declaration = _DECLARATION.match(stripped)
+        help_match = _HELP.match(stripped)
+        if help_match and last is not None:
+            help_lines[last] = (help_lines.get(last, "") + " " + help_match.group("help")).strip()
+        elif declaration:
+            last = declaration.group("name")
+            if last in defaults:
+                raise ConfigError(f"template {name!r} declares placeholder {last!r} twice")
+            default = declaration.group("default")
+            defaults[last] = None if default is None else default.rstrip()
+        else:
+            last = None
+    return Template(name=name, text="".join(body), defaults=defaults, help=help_lines)
+
+
+def load_template(template: str) -> Template:
+    """Find and parse a template by name (``"single_node"``) or by path."""
+    return _parse(*_read(template))
+
+
+def render(template: str, **values: object) -> str:
+    """Render a template; ``values`` override its defaults.
+
+    Not collective; pure function of the template file and ``values``.
+
+    Args:
+        template: a name from :func:`list_templates` or a path to a ``.sbatch`` file.
+        **values: placeholder values (str, int or float).
+
+    Returns:
+        The batch script text, with no ``{{...}}`` and no ``#%`` lines left.
+
+    Raises:
+        ConfigError: unknown keyword, a placeholder with neither value nor
+            default, or an unknown template; the message names it.
+    """
+    parsed = load_template(template)
+    known = parsed.placeholders
+    unknown = sorted(set(values) - set(known))
+    if unknown:
+        raise ConfigError(
+            f"template {parsed.name!r} has no placeholder {', '.join(unknown)}; "
+            f"it has: {', '.join(known)}")
+    resolved: Dict[str, str] = {}
+    for name in known:
+        if name in values:
+            value = values[name]
+            if not isinstance(value, (str, int, float)) or isinstance(value, bool):
+                raise ConfigError(f"{name} must be str, int or float, not {type(value).__name__}")
+            resolved[name] = str(value)
+        elif parsed.defaults.get(name) is not None:
+            resolved[name] = parsed.defaults[name]
+        else:
+            raise ConfigError(
+                f"template {parsed.name!r} needs a value for placeholder {{{{{name}}}}} (it has no default)")
+    for name, value in resolved.items():
+        if "\n" in value:
+            raise ConfigError(f"{name} must be one line, not {value!r}")
+
+    lines = []
+    for line in parsed.text.splitlines(keepends=True):
+        names = _PLACEHOLDER.findall(line)
+        rendered = _PLACEHOLDER.sub(lambda m: resolved[m.group(1)], line)
+        # An empty value disables its directive rather than passing Slurm an empty option.
+        if line.startswith("#SBATCH") and any(resolved[n] == "" for n in names):
+            rendered = "#" + rendered
+        lines.append(rendered)
+    return "".join(lines)
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """CLI: render a template to a file or stdout; ``--list`` names the templates."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    first = argparse.ArgumentParser(add_help=False)
+    first.add_argument("template", nargs="?")
+    first.add_argument("--list", action="store_true")
+    known, _ = first.parse_known_args(argv)
+    if known.list:
+        print("\n".join(list_templates()))
+        return 0
+
+    parser = argparse.ArgumentParser(
+        prog="python -m hpcpax.jobscript",
+        description="Render an hpcpax Slurm job script. Templates: " + ", ".join(list_templates()))
+    parser.add_argument("template", help="template name or path to a .sbatch file")
+    parser.add_argument("--list", action="store_true", help="list the templates and exit")
+    parser.add_argument("-o", "--output", dest="output_file", metavar="FILE",
+                        help="write here instead of stdout")
+    template = None
+    if known.template is not None and not known.template.startswith("-"):
+        try:
+            template = load_template(known.template)
+        except ConfigError as error:
+            parser.error(str(error))
+    if template is not None:
+        group = parser.add_argument_group(f"placeholders of {template.name}")
+        for name in template.placeholders:
+            default = template.defaults.get(name)
+            text = template.help.get(name, "")
+            text += " (required)" if default is None else f" (default: {default!r})"
+            # Both spellings work: --ntasks-per-node and --ntasks_per_node.
+            flags = [_flag(name)] + ([f"--{name}"] if "_" in name else [])
+            # argparse %-formats help text; Slurm patterns like %j must stay literal.
+            group.add_argument(*flags, dest=name, metavar="VALUE",
+                               help=text.strip().replace("%", "%%"))
+    args = parser.parse_args(argv)
+    values = {name: getattr(args, name) for name in (template.placeholders if template else ())
+              if getattr(args, name) is not None}
+    try:
+        text = render(args.template, **values)
+    except ConfigError as error:
+        parser.error(str(error))
+    if args.output_file:
+        pathlib.Path(args.output_file).write_text(text)
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

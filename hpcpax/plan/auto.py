@@ -1,0 +1,150 @@
+"""Build a :class:`~hpcpax.plan.plan.Plan` from facts, by rule or by cost.
+
+Modes:
+
+* ``hybrid``: Parallax's rule. Sparse variables go to the parameter servers
+  (with local aggregation when a node has more than one worker), dense ones
+  are allreduced.
+* ``ps``: the same as ``hybrid`` (every sparse variable on ``ps``, dense
+  stays ``allreduce``), but without local aggregation: each worker pushes
+  and pulls on its own.
+* ``allreduce``: everything allreduced, sparse gradients densified.
+* ``auto``: per variable, the method the cost model predicts fastest
+  (:func:`hpcpax.plan.cost_model.choose`).
+
+Partitions of a ``ps`` variable default to ``max(1, servers)``; the owners
+of all partitions of all ``ps`` variables are placed together by
+:func:`~hpcpax.plan.plan.assign_owners`, so bytes balance across servers.
+Nothing here is collective: every rank computes the same plan from the same
+inputs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from collections.abc import Mapping
+
+from ..errors import ConfigError
+from .cost_model import ClusterShape, CostParams, VarSpec, choose, predict
+from .plan import Plan, VariablePlan, assign_owners
+
+__all__ = ["MODES", "make_plan", "should_switch", "partition_bytes"]
+
+MODES = ("auto", "hybrid", "ps", "allreduce")
+
+
+def partition_bytes(var: VarSpec, partitions: int) -> list:
+    """Bytes of each of ``partitions`` nearly equal row blocks of ``var``."""
+    base, extra = divmod(var.rows, partitions)
+    row_bytes = var.dim * var.itemsize
+    return [(base + (1 if p < extra else 0)) * row_bytes for p in range(partitions)]
+
+
+def _partitions_for(name, partitions, default):
+    if partitions is None:
+        return default
+    if isinstance(partitions, Mapping):
+        value = partitions.get(name, default)
+    else:
+        value = partitions
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"partitions of {name!r} must be an int >= 1, not {value!r}")
+    return value
+
+
+def make_plan(variables, mode: str, topology, fabric, partitions=None,
+              params: CostParams | None = None, measurements: dict | None = None,
+              search: dict | None = None) -> Plan:
+    """A plan for ``variables`` under ``mode``.
+
+    Args:
+        variables: list of dicts (or :class:`VarSpec`) with ``name``,
+            ``kind``, ``shape``, ``dtype``, and for sparse ones ``alpha`` and
+            optionally ``alpha_node``; extra keys are ignored.
+        mode: ``"auto"``, ``"hybrid"``, ``"ps"`` or ``"allreduce"``.
+        topology: ``num_nodes``, ``workers_per_node``, ``servers_per_node``
+            (dict, :class:`ClusterShape` or object).
+        fabric: ``hpcpax.comm.fabric.Fabric`` or its ``to_dict()``.
+        partitions: ``None`` (``max(1, servers)``), one int for every ``ps``
+            variable, or ``{name: int}`` (for example from the search).
+        params: cost model constants.
+        measurements, search: evidence copied into the plan.
+
+    Raises:
+        ConfigError: unknown mode, duplicate name, or bad partitions.
+    """
+    if mode not in MODES:
+        raise ConfigError(f"mode must be one of {MODES}, not {mode!r}")
+    shape = ClusterShape.from_any(topology)
+    specs = [VarSpec.from_any(v) for v in variables]
+    names = [s.name for s in specs]
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise ConfigError(f"variable names must be unique, not repeated {duplicates}")
+    several_per_node = shape.workers_per_node > 1
+    default_partitions = max(1, shape.servers)
+    params = params or CostParams()
+    if params.ps_batch is None:  # PS tables share their exchanges (push_many)
+        sparse = sum(1 for s in specs if s.kind == "sparse")
+        params = dataclasses.replace(params, ps_batch=max(1, sparse))
+
+    decisions = []  # (spec, method, local_aggregation, parts, predicted, reason)
+    for spec in specs:
+        parts = _partitions_for(spec.name, partitions, default_partitions)
+        if mode == "auto":
+            method, times, reason = choose(spec, shape, fabric, partitions=parts, params=params)
+            local = method == "ps" and several_per_node
+            predicted = times[method]
+        else:
+            if spec.kind == "dense" or mode == "allreduce":
+                method, local = "allreduce", False
+                reason = "dense: allreduce" if spec.kind == "dense" else "mode allreduce: densified"
+            elif mode == "hybrid":
+                method, local = "ps", several_per_node
+                reason = "sparse: ps" + (" + local aggregation" if local else "") + " (Parallax rule)"
+            else:
+                method, local, reason = "ps", False, "mode ps: sparse on servers"
+            key = "ps_no_local_aggregation" if method == "ps" and not local else method
+            predicted = predict(spec, key, shape, fabric, partitions=parts, params=params)
+        decisions.append((spec, method, local, parts if method == "ps" else 1, predicted, reason))
+
+    sizes, slices = [], []
+    for spec, method, _, parts, _, _ in decisions:
+        start = len(sizes)
+        if method == "ps":
+            sizes += partition_bytes(spec, parts)
+        slices.append((start, len(sizes)))
+    owners = assign_owners(sizes, max(1, shape.servers))
+
+    plan_vars = {}
+    for (spec, method, local, parts, predicted, reason), (lo, hi) in zip(decisions, slices):
+        plan_vars[spec.name] = VariablePlan(
+            name=spec.name, kind=spec.kind, shape=spec.shape, dtype=spec.dtype, method=method,
+            partitions=parts, owners=owners[lo:hi], local_aggregation=local, wire_dtype=None,
+            predicted_s=predicted, reason=reason,
+        )
+    fabric_dict = fabric if isinstance(fabric, Mapping) or fabric is None else fabric.to_dict()
+    measured = dict(measurements or {})
+    for spec in specs:
+        if spec.kind == "sparse" and spec.name not in measured:
+            measured[spec.name] = {"alpha": spec.alpha, "alpha_node": spec.alpha_node}
+    search_info = {"mode": mode}
+    search_info.update(search or {})
+    return Plan(variables=plan_vars, fabric=fabric_dict, measurements=measured,
+                topology=shape.to_dict(), search=search_info)
+
+
+def should_switch(current_method: str, times: Mapping, threshold: float = 0.1) -> bool:
+    """Whether re-planning should move a variable off ``current_method``.
+
+    True when the best predicted method is faster than the current one by
+    more than ``threshold`` (a fraction: 0.1 = 10 %); the margin keeps noisy
+    measurements from flipping a plan back and forth.
+    """
+    if current_method not in times:
+        raise ValueError(f"current_method {current_method!r} is not in the predicted times {sorted(times)}")
+    if threshold < 0:
+        raise ValueError(f"threshold must be >= 0, not {threshold}")
+    best = min(times.values())
+    return best < times[current_method] * (1.0 - threshold)

@@ -1,0 +1,277 @@
+"""The trainer's automation: measure, plan, switch, search — live.
+
+:class:`PlanController` is what ``--plan auto|hybrid`` does inside
+``python -m hpcpax.train``:
+
+1. at start-up, measure the fabric (alpha-beta links, fusion size; < 2 s);
+2. train the first ``plan_steps`` steps with every sparse variable on the
+   parameter server while measuring each one's row density (per worker and
+   per node, union) and duplicate ratio;
+3. build the plan with :func:`hpcpax.plan.make_plan` (cost model for
+   ``auto``, Parallax's rule for ``hybrid``) on the first worker, broadcast it,
+   check every worker holds the same fingerprint, print its table and save it
+   as ``plan.json``;
+4. apply it: move variables between methods exactly (every row and its
+   optimizer state travels; nothing is recomputed), set partitions, owners
+   and local aggregation per variable;
+5. optionally run Parallax's partition search on live steps, and re-plan
+   every ``replan_every`` steps, switching a method only when the model
+   predicts a gain above ``replan_threshold``.
+
+Steps spent measuring or searching are ordinary training steps: they update
+the parameters and are written to ``metrics.jsonl``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..backend import to_host
+
+__all__ = ["PlanController", "MEASURED_MODES", "to_trainer_method"]
+
+#: ``--plan`` values that measure before deciding.
+MEASURED_MODES = ("auto", "hybrid")
+
+
+def to_trainer_method(method: str) -> str:
+    """Planner method name -> trainer's (``allreduce`` of a sparse table is ``dense``)."""
+    return "dense" if method == "allreduce" else method
+
+
+class PlanController:
+    """Measures, plans and re-plans for one :class:`~hpcpax.app.trainer.Trainer`.
+
+    Args:
+        trainer: the trainer (its topology is set up).
+        mode: ``auto``, ``hybrid`` or None (a fixed plan: nothing to do).
+    """
+
+    def __init__(self, trainer, mode):
+        self.trainer = trainer
+        self.mode = mode if mode in MEASURED_MODES else None
+        self.fabric = None
+        self.plan = None
+        self.search = {}
+        self._stats = None
+        self._measure_until = None
+
+    # ------------------------------------------------------------ start-up
+    def measure_fabric(self) -> None:
+        """Alpha-beta fabric measurement; **collective** over every rank."""
+        if self.mode is None:
+            return
+        from ..comm.fabric import measure_fabric
+
+        self.fabric = measure_fabric(self.trainer.topology,
+                                     budget_s=self.trainer.config["fabric_seconds"])
+
+    def start(self, first_step: int, resumed: bool = False) -> None:
+        """Begin measuring sparsity at ``first_step`` (workers; collective).
+
+        A resumed run takes the plan its run directory already holds, if
+        one was made, so it continues exactly as the interrupted run would.
+        """
+        if self.mode is None:
+            return
+        if resumed and self._resume_plan():
+            return
+        self._begin_measuring(first_step)
+
+    def _resume_plan(self) -> bool:
+        import json
+        import os
+
+        from . import Plan
+
+        trainer = self.trainer
+        text = None
+        if trainer._is_leader:
+            path = os.path.join(trainer.run_dir, "plan.json")
+            try:
+                with open(path, encoding="utf-8") as handle:
+                    text = handle.read()
+                if not isinstance(json.loads(text).get("variables"), (list, dict)) or \
+                        "fabric" not in json.loads(text):
+                    text = None  # a fixed per-variable table, not a measured plan
+            except (OSError, ValueError):
+                text = None
+        text = trainer.topology.workers.bcast(text, root=0)
+        if text is None:
+            return False
+        self.plan = Plan.from_json(text)
+        self.apply(self.plan)
+        trainer._log("resume: plan taken from plan.json (not measured again)")
+        return True
+
+    def _begin_measuring(self, first_step):
+        from . import SparsityStats
+
+        self._stats = {name: SparsityStats() for name in self.trainer.specs}
+        self._measure_until = first_step + self.trainer.config["plan_steps"] - 1
+
+    # ---------------------------------------------------------------- steps
+    def observe(self, ids: dict) -> None:
+        """Record one step's ids of every sparse variable (workers; collective
+        over each node's workers while measuring)."""
+        if self._stats is None:
+            return
+        node_workers = self.trainer.topology.node_workers
+        for name, stats in self._stats.items():
+            local = to_host(ids[name]).astype(np.int64, copy=False)
+            union = np.unique(np.concatenate(node_workers.allgather(np.unique(local))))
+            stats.update((local, union), self.trainer.specs[name].rows)
+
+    def after_step(self, step: int) -> int:
+        """Act after ``step``; returns the last step run (searches run steps).
+
+        **Collective** over the workers.
+        """
+        config = self.trainer.config
+        if self._stats is not None and step >= self._measure_until:
+            replanning = self.plan is not None
+            self._decide(replanning)
+            self._stats = None
+            if config["partition_search"] and not replanning:
+                step = self._search(step)
+        if (config["replan_every"] and self.mode is not None and self.plan is not None
+                and self._stats is None and step % config["replan_every"] == 0
+                and step < config["steps"]):
+            self._begin_measuring(step + 1)
+        return step
+
+    # ------------------------------------------------------------- decisions
+    def _measurements(self):
+        """Sparsity means over steps and workers (identical on every worker)."""
+        from mpi4py import MPI
+
+        names = sorted(self._stats)
+        keys = ("alpha", "alpha_node", "duplicate_ratio")
+        vector = np.array([self._stats[n].to_dict()[k] or 0.0 for n in names for k in keys])
+        comm = self.trainer.topology.workers
+        comm.Allreduce(MPI.IN_PLACE, vector, op=MPI.SUM)
+        vector /= comm.Get_size()
+        steps = self._stats[names[0]].steps if names else 0
+        return {n: {**{k: float(vector[i * len(keys) + j]) for j, k in enumerate(keys)},
+                    "steps": steps} for i, n in enumerate(names)}
+
+    def _shape(self):
+        topo = self.trainer.topology
+        return {"num_nodes": topo.num_nodes,
+                "workers_per_node": max(1, topo.num_workers // topo.num_nodes),
+                "servers_per_node": len(topo.server_ranks) // topo.num_nodes}
+
+    def _variables(self, measured):
+        trainer = self.trainer
+        out = [{"name": n, "kind": "sparse", "shape": [s.rows, s.dim], "dtype": s.dtype,
+                "alpha": max(measured[n]["alpha"], 1e-12),
+                "alpha_node": max(measured[n]["alpha_node"], 1e-12)}
+               for n, s in trainer.specs.items()]
+        out += [{"name": n, "kind": "dense", "shape": list(p.shape), "dtype": str(p.dtype)}
+                for n, p in trainer.dense.items()]
+        return out
+
+    def _decide(self, replanning):
+        from ..comm.agreement import check_same
+        from . import Plan, make_plan, predict_all, should_switch
+
+        trainer = self.trainer
+        topo = trainer.topology
+        measured = self._measurements()
+        text = None
+        if trainer._is_leader:
+            plan = make_plan(self._variables(measured), self.mode, self._shape(),
+                             self.fabric, measurements=measured, search=self.search)
+            text = plan.to_json()
+        plan = Plan.from_json(topo.workers.bcast(text, root=0))
+        check_same(topo.workers, "plan", {"fingerprint": plan.fingerprint()})
+        if replanning:
+            for name, entry in plan.variables.items():
+                if entry.kind != "sparse":
+                    continue
+                current = trainer.plan[name]["method"]
+                current = "allreduce" if current == "dense" else current
+                spec = next(v for v in self._variables(measured) if v["name"] == name)
+                times = predict_all(spec, self._shape(), self.fabric)
+                if not should_switch(current, times, config_threshold(trainer)):
+                    self._keep(entry, name)  # the predicted gain is too small
+        self.plan = plan
+        self.apply(plan)
+        if trainer._is_leader:
+            plan.save(f"{trainer.run_dir}/plan.json")
+            trainer._log(("re-plan" if replanning else f"plan ({self.mode})")
+                         + f" after {measured[next(iter(measured))]['steps']} measured steps:\n"
+                         + plan.table())
+
+    def _keep(self, entry, name) -> None:
+        """Make ``entry`` describe where ``name`` is now."""
+        trainer = self.trainer
+        method = trainer.plan[name]["method"]
+        entry.method = "allreduce" if method == "dense" else method
+        entry.reason = "kept: predicted gain below the re-planning threshold"
+        if method == "ps":
+            var = trainer.ps.variables[name]
+            entry.partitions, entry.owners = var.partitioning.num_parts, list(var.owners)
+            entry.local_aggregation = trainer.ps._aggregates(var)
+        else:
+            entry.partitions, entry.owners, entry.local_aggregation = 1, [], False
+
+    def apply(self, plan) -> None:
+        """Put every sparse variable where ``plan`` says; **collective** (workers)."""
+        trainer = self.trainer
+        owners_count = len(trainer.topology.owner_ranks)
+        for name, entry in plan.variables.items():
+            if entry.kind != "sparse" or name not in trainer.specs:
+                continue
+            method = to_trainer_method(entry.method)
+            if method != trainer.plan[name]["method"]:
+                trainer.switch_method(name, method)
+            if method != "ps":
+                continue
+            owners = list(entry.owners)
+            if len(owners) != entry.partitions or (owners and max(owners) >= owners_count):
+                owners = None  # the plan was made for another layout: balance here
+            var = trainer.ps.variables[name]
+            if (entry.partitions != var.partitioning.num_parts
+                    or (owners is not None and owners != var.owners)):
+                trainer.repartition(name, entry.partitions, owners)
+            trainer.ps.set_local_aggregation(name, entry.local_aggregation)
+
+    # ---------------------------------------------------------------- search
+    def _search(self, step):
+        """Parallax's partition search for each ps variable, on live steps."""
+        from .live_search import search_partitions_live
+
+        trainer, config = self.trainer, self.trainer.config
+        per_trial = 2  # warm-up + timed steps of each candidate
+        for name in [n for n, e in trainer.plan.items() if e["method"] == "ps"]:
+            budget = config["steps"] - step
+            if budget < 3 * per_trial:
+                trainer._log(f"partition search of {name} skipped: {budget} steps left")
+                continue
+            result, next_step = search_partitions_live(
+                trainer.ps, name, trainer.loop_step, first_step=step + 1, steps=1, warmup=1,
+                max_measurements=min(8, budget // per_trial))
+            step = next_step - 1
+            trainer.plan[name]["partitions"] = result.chosen
+            self.search[name] = result.to_dict()
+            trainer._log(f"partition search of {name}: chose {result.chosen} partitions "
+                         f"in {result.search_seconds:.2f} s (samples "
+                         + ", ".join(f"{p}: {t * 1e3:.1f} ms" for p, t in
+                                     sorted(result.samples.items())) + ")")
+            if trainer._loop["stopped"]:
+                break
+        if self.plan is not None:
+            for name, result in self.search.items():
+                entry = self.plan.variables[name]
+                entry.partitions = result["chosen"]
+                entry.owners = list(trainer.ps.variables[name].owners)
+            self.plan.search.update(self.search)
+            if trainer._is_leader:
+                self.plan.save(f"{trainer.run_dir}/plan.json")
+        return step
+
+
+def config_threshold(trainer) -> float:
+    """The re-planning gain threshold of ``trainer``'s config."""
+    return float(trainer.config["replan_threshold"])

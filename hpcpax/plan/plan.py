@@ -1,0 +1,355 @@
+"""The plan: per variable, how its gradient moves, saved as JSON.
+
+A :class:`Plan` says, for every variable, the synchronization method
+(``allreduce``, ``allgather`` or ``ps``), how many partitions a ``ps``
+variable is cut into, which server owns each partition, whether sparse
+gradients are aggregated inside a node first, and the wire dtype. It also
+keeps the facts it was built from (fabric, measurements, topology, partition
+search) so a saved plan explains itself and can be given back to skip the
+search.
+
+Nothing here is collective; the trainer compares :meth:`Plan.fingerprint`
+across ranks with one small collective before using a plan.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import tempfile
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..errors import ConfigError
+from ..ps.placement import assign_owners
+
+__all__ = ["METHODS", "KINDS", "VariablePlan", "Plan", "assign_owners", "PLAN_FORMAT"]
+
+METHODS = ("allreduce", "allgather", "ps")
+KINDS = ("dense", "sparse")
+PLAN_FORMAT = 1
+
+
+def _plain(value, where: str):
+    """``value`` as JSON-native Python (lists, str-keyed dicts, floats, ints).
+
+    Free-form plan fields are normalized this way at construction so that a
+    JSON round trip gives back an equal plan.
+    """
+    if isinstance(value, dict):
+        out = {}
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise TypeError(f"{where} keys must be str, not {type(key).__name__} ({key!r})")
+            out[key] = _plain(item, f"{where}[{key!r}]")
+        return out
+    if isinstance(value, (list, tuple)):
+        return [_plain(item, where) for item in value]
+    if isinstance(value, np.ndarray):
+        return _plain(value.tolist(), where)
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    if isinstance(value, (int, np.integer)):
+        return int(value)
+    if isinstance(value, (float, np.floating)):
+        value = float(value)
+        if not math.isfinite(value):
+            raise ValueError(f"{where} must be finite, not {value}")
+        return value
+    if value is None or isinstance(value, str):
+        return value
+    raise TypeError(f"{where} must be JSON data, not {type(value).__name__}")
+
+
+@dataclass
+class VariablePlan:
+    """How one variable is synchronized.
+
+    Args:
+        name: variable name (unique in the plan).
+        kind: ``"dense"`` or ``"sparse"`` (what the model produces).
+        shape: full shape of the variable.
+        dtype: dtype name of the variable (``"float32"``).
+        method: ``"allreduce"``, ``"allgather"`` or ``"ps"``.
+        partitions: number of row partitions (>= 1; 1 unless ``ps``).
+        owners: server index of each partition; ``len(owners) == partitions``
+            for ``ps``, empty otherwise.
+        local_aggregation: sparse gradients are summed inside a node before
+            leaving it (``ps`` only).
+        wire_dtype: dtype on the wire, or ``None`` for ``dtype``.
+        predicted_s: predicted communication seconds per step, or ``None``.
+        reason: one line saying why this method was chosen.
+
+    Raises:
+        ConfigError: a field is invalid; the message names the variable and
+            the field.
+    """
+
+    name: str
+    kind: str
+    shape: tuple
+    dtype: str
+    method: str
+    partitions: int = 1
+    owners: list = field(default_factory=list)
+    local_aggregation: bool = False
+    wire_dtype: str | None = None
+    predicted_s: float | None = None
+    reason: str = ""
+
+    def __post_init__(self):
+        def bad(field_name, message):
+            return ConfigError(f"plan variable {self.name!r}: {field_name} {message}")
+
+        if not isinstance(self.name, str) or not self.name:
+            raise ConfigError(f"plan variable name must be a non-empty str, not {self.name!r}")
+        if self.kind not in KINDS:
+            raise bad("kind", f"must be one of {KINDS}, not {self.kind!r}")
+        if self.method not in METHODS:
+            raise bad("method", f"must be one of {METHODS}, not {self.method!r}")
+        try:
+            self.shape = tuple(int(d) for d in self.shape)
+        except (TypeError, ValueError):
+            raise bad("shape", f"must be a sequence of ints, not {self.shape!r}") from None
+        if any(d < 0 for d in self.shape):
+            raise bad("shape", f"must not hold negative sizes, not {self.shape}")
+        if not isinstance(self.dtype, str):
+            raise bad("dtype", f"must be a str, not {type(self.dtype).__name__}")
+        if isinstance(self.partitions, bool) or not isinstance(self.partitions, (int, np.integer)):
+            raise bad("partitions", f"must be an int, not {type(self.partitions).__name__}")
+        self.partitions = int(self.partitions)
+        if self.partitions < 1:
+            raise bad("partitions", f"must be >= 1, not {self.partitions}")
+        if not isinstance(self.owners, (list, tuple)):
+            raise bad("owners", f"must be a list of ints, not {type(self.owners).__name__}")
+        self.owners = [int(o) for o in self.owners]
+        if any(o < 0 for o in self.owners):
+            raise bad("owners", f"must hold server indices >= 0, not {self.owners}")
+        if self.method == "ps":
+            if len(self.owners) != self.partitions:
+                raise bad("owners", f"must hold one server per partition ({self.partitions}), not {len(self.owners)}")
+        else:
+            if self.partitions != 1:
+                raise bad("partitions", f"must be 1 for method {self.method!r}, not {self.partitions}")
+            if self.owners:
+                raise bad("owners", f"must be empty for method {self.method!r}, not {self.owners}")
+        self.local_aggregation = bool(self.local_aggregation)
+        if self.wire_dtype is not None and not isinstance(self.wire_dtype, str):
+            raise bad("wire_dtype", f"must be a str or None, not {type(self.wire_dtype).__name__}")
+        if self.predicted_s is not None:
+            self.predicted_s = float(self.predicted_s)
+            if not math.isfinite(self.predicted_s) or self.predicted_s < 0:
+                raise bad("predicted_s", f"must be a finite number >= 0, not {self.predicted_s}")
+        if not isinstance(self.reason, str):
+            raise bad("reason", f"must be a str, not {type(self.reason).__name__}")
+
+    def to_dict(self) -> dict:
+        """JSON-native dict of this variable's plan."""
+        return {
+            "name": self.name,
+            "kind": self.kind,
+            "shape": list(self.shape),
+            "dtype": self.dtype,
+            "method": self.method,
+            "partitions": self.partitions,
+            "owners": list(self.owners),
+            "local_aggregation": self.local_aggregation,
+            "wire_dtype": self.wire_dtype,
+            "predicted_s": self.predicted_s,
+            "reason": self.reason,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "VariablePlan":
+        """Inverse of :meth:`to_dict`; raises :class:`ConfigError` on bad data."""
+        if not isinstance(data, dict):
+            raise ConfigError(f"plan variable must be a JSON object, not {type(data).__name__}")
+        name = data.get("name", "?")
+        required = ("name", "kind", "shape", "dtype", "method")
+        for key in required:
+            if key not in data:
+                raise ConfigError(f"plan variable {name!r}: field {key!r} is missing")
+        known = set(required) | {"partitions", "owners", "local_aggregation", "wire_dtype", "predicted_s", "reason"}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ConfigError(f"plan variable {name!r}: unknown fields {unknown}")
+        return cls(**data)
+
+
+@dataclass
+class Plan:
+    """A whole plan: one :class:`VariablePlan` per variable plus its evidence.
+
+    Args:
+        variables: ``{name: VariablePlan}``.
+        fabric: ``Fabric.to_dict()`` of the measured fabric, or ``None``.
+        measurements: free JSON data (sparsity statistics per variable, ...).
+        topology: ``num_nodes``, ``workers_per_node``, ``servers_per_node``.
+        search: free JSON data (partition search results, mode, ...).
+
+    The free-form dicts are normalized to JSON-native values at construction
+    (tuples become lists; non-str keys raise ``TypeError``), so
+    ``Plan.from_json(plan.to_json()) == plan`` holds exactly.
+    """
+
+    variables: dict
+    fabric: dict | None = None
+    measurements: dict = field(default_factory=dict)
+    topology: dict = field(default_factory=dict)
+    search: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        if not isinstance(self.variables, dict):
+            raise TypeError(f"variables must be a dict, not {type(self.variables).__name__}")
+        for name, var in self.variables.items():
+            if not isinstance(var, VariablePlan):
+                raise TypeError(f"variables[{name!r}] must be a VariablePlan, not {type(var).__name__}")
+            if var.name != name:
+                raise ConfigError(f"plan variable {name!r}: name field says {var.name!r}")
+        if self.fabric is not None:
+            self.fabric = _plain(self.fabric, "plan.fabric")
+        self.measurements = _plain(self.measurements, "plan.measurements")
+        self.topology = _plain(self.topology, "plan.topology")
+        self.search = _plain(self.search, "plan.search")
+
+    # -- JSON -----------------------------------------------------------
+    def to_dict(self) -> dict:
+        return {
+            "format": PLAN_FORMAT,
+            "variables": [var.to_dict() for var in self.variables.values()],
+            "fabric": self.fabric,
+            "measurements": self.measurements,
+            "topology": self.topology,
+            "search": self.search,
+        }
+
+    def to_json(self, indent: int | None = 2) -> str:
+        """The plan as JSON text (variables in insertion order)."""
+        return json.dumps(self.to_dict(), indent=indent, allow_nan=False)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "Plan":
+        if not isinstance(data, dict):
+            raise ConfigError(f"plan must be a JSON object, not {type(data).__name__}")
+        fmt = data.get("format", PLAN_FORMAT)
+        if fmt != PLAN_FORMAT:
+            raise ConfigError(f"plan format must be {PLAN_FORMAT}, not {fmt!r}")
+        entries = data.get("variables")
+        if not isinstance(entries, list):
+            raise ConfigError(f"plan field 'variables' must be a list, not {type(entries).__name__}")
+        variables = {}
+        for entry in entries:
+            var = VariablePlan.from_dict(entry)
+            if var.name in variables:
+                raise ConfigError(f"plan variable {var.name!r}: appears twice")
+            variables[var.name] = var
+        try:
+            return cls(
+                variables=variables,
+                fabric=data.get("fabric"),
+                measurements=data.get("measurements", {}),
+                topology=data.get("topology", {}),
+                search=data.get("search", {}),
+            )
+        except (TypeError, ValueError) as exc:
+            if isinstance(exc, ConfigError):
+                raise
+            raise ConfigError(f"plan: {exc}") from None
+
+    @classmethod
+    def from_json(cls, text: str) -> "Plan":
+        """Parse and validate a plan; raises :class:`ConfigError` on bad input."""
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"plan is not valid JSON: {exc}") from None
+        return cls.from_dict(data)
+
+    def save(self, path) -> None:
+        """Write the plan as JSON atomically (temporary file, then rename)."""
+        path = os.fspath(path)
+        directory = os.path.dirname(os.path.abspath(path))
+        handle, tmp = tempfile.mkstemp(prefix=".plan-", suffix=".json.tmp", dir=directory)
+        try:
+            with os.fdopen(handle, "w", encoding="utf-8") as stream:
+                stream.write(self.to_json())
+                stream.write("\n")
+                stream.flush()
+                os.fsync(stream.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
+
+    @classmethod
+    def load(cls, path) -> "Plan":
+        """Read and validate a plan file; errors name the file and the field."""
+        path = os.fspath(path)
+        try:
+            with open(path, encoding="utf-8") as stream:
+                text = stream.read()
+        except OSError as exc:
+            raise ConfigError(f"cannot read plan {path}: {exc.strerror}") from None
+        try:
+            return cls.from_json(text)
+        except ConfigError as exc:
+            raise ConfigError(f"{path}: {exc}") from None
+
+    # -- views ----------------------------------------------------------
+    def fingerprint(self) -> str:
+        """16 hex digits hashing the decisions only (not predictions or evidence).
+
+        Two ranks agree on how to move every variable exactly when their
+        fingerprints match; re-measuring the same decisions keeps it stable.
+        """
+        decisions = [
+            [v.name, v.kind, list(v.shape), v.dtype, v.method, v.partitions,
+             list(v.owners), v.local_aggregation, v.wire_dtype]
+            for v in self.variables.values()
+        ]
+        text = json.dumps(decisions, separators=(",", ":"))
+        return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
+
+    def total_predicted_s(self) -> float | None:
+        """Sum of the variables' predicted seconds, or ``None`` if any is unknown."""
+        values = [v.predicted_s for v in self.variables.values()]
+        if not values or any(v is None for v in values):
+            return None
+        return float(sum(values))
+
+    def table(self) -> str:
+        """Aligned text table of the plan, for rank 0 to print."""
+        header = ["variable", "kind", "shape", "method", "parts", "local agg",
+                  "wire dtype", "pred ms/step", "reason"]
+        rows = []
+        for v in self.variables.values():
+            rows.append([
+                v.name, v.kind, "x".join(str(d) for d in v.shape) or "()", v.method,
+                str(v.partitions), "yes" if v.local_aggregation else "no",
+                v.wire_dtype or v.dtype,
+                "-" if v.predicted_s is None else f"{v.predicted_s * 1e3:.3f}",
+                v.reason,
+            ])
+        total = self.total_predicted_s()
+        if total is not None:
+            rows.append(["total", "", "", "", "", "", "", f"{total * 1e3:.3f}", ""])
+        widths = [max(len(r[i]) for r in [header] + rows) for i in range(len(header))]
+        numeric = {4, 7}
+
+        def line(cells):
+            parts = [c.rjust(w) if i in numeric else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths))]
+            return "  ".join(parts).rstrip()
+
+        out = [line(header), "  ".join("-" * w for w in widths)]
+        out += [line(r) for r in rows]
+        topo = self.topology
+        if topo:
+            out.append("topology: " + ", ".join(f"{k}={topo[k]}" for k in sorted(topo)))
+        out.append(f"fingerprint: {self.fingerprint()}")
+        return "\n".join(out)
+
+

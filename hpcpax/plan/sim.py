@@ -1,0 +1,320 @@
+"""Predict step time and throughput of a model on a cluster, per sync strategy.
+
+Usage::
+
+    python -m hpcpax.sim --model lm1b --cluster parallax_8x6 [--nodes N]
+        [--gpus-per-node G] [--servers-per-node S] [--bandwidth-gbps X]
+        [--latency-us Y] [--compute-ms Z] [--partitions P] [--png out.png]
+        [--json]
+
+``--model`` and ``--cluster`` take a preset name (files in
+``hpcpax/planner/presets/``) or a path to a JSON file of the same form.
+Strategies, all priced by :mod:`hpcpax.plan.cost_model`:
+
+* ``allreduce``: every variable allreduced, sparse ones densified.
+* ``horovod``: sparse gradients allgathered as (indices, values), dense
+  allreduced (Horovod's default for sparse gradients).
+* ``ps``: sparse variables on the servers without local aggregation, dense
+  allreduced.
+* ``ps_all``: every variable on the servers, no local aggregation (a plain
+  parameter-server setup, like TensorFlow's PS).
+* ``hybrid``: Parallax: sparse on the servers with local aggregation, dense
+  allreduced.
+* ``auto``: per variable, the cost model's fastest method.
+
+Step time = compute + the sum of the variables' communication times (no
+overlap assumed); throughput = samples per worker x workers / step time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import os
+import sys
+from importlib import resources
+
+import numpy as np
+
+from ..errors import ConfigError
+from ..comm.fabric import Fabric, LinkModel
+from .auto import make_plan
+from .cost_model import ClusterShape, CostParams, VarSpec, predict
+from .measure import (
+    draws_for_unique,
+    expected_touched_fraction,
+    log_uniform_probabilities,
+    zipf_probabilities,
+)
+
+__all__ = ["STRATEGIES", "load_preset", "list_presets", "simulate", "main"]
+
+STRATEGIES = {
+    "allreduce": "everything allreduce (sparse densified)",
+    "horovod": "allgather sparse + allreduce dense",
+    "ps": "ps sparse (no local agg) + allreduce dense",
+    "ps_all": "everything on ps, no local agg",
+    "hybrid": "Parallax: ps + local agg sparse, allreduce dense",
+    "auto": "cost model's choice per variable",
+}
+
+
+def list_presets() -> list:
+    """Names of the shipped presets."""
+    folder = resources.files("hpcpax.plan") / "presets"
+    return sorted(p.name[:-5] for p in folder.iterdir() if p.name.endswith(".json"))
+
+
+def load_preset(name_or_path: str) -> dict:
+    """A preset by name, or a JSON file by path."""
+    if os.path.exists(name_or_path):
+        path = name_or_path
+        text = open(path, encoding="utf-8").read()
+    else:
+        resource = resources.files("hpcpax.plan") / "presets" / f"{name_or_path}.json"
+        if not resource.is_file():
+            raise ConfigError(f"preset must be a file or one of {list_presets()}, not {name_or_path!r}")
+        path, text = str(resource), resource.read_text(encoding="utf-8")
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{path} is not valid JSON: {exc}") from None
+
+
+_PROBABILITY_CACHE = {}
+
+
+def _access_terms(access: list, rows: int) -> list:
+    """``[(probabilities, draws), ...]`` of one worker's accesses per step."""
+    terms = []
+    for item in access:
+        kind = item.get("distribution")
+        key = (kind, rows, item.get("exponent"))
+        if key not in _PROBABILITY_CACHE:
+            if kind == "zipf":
+                _PROBABILITY_CACHE[key] = zipf_probabilities(rows, item.get("exponent", 1.0))
+            elif kind == "log_uniform":
+                _PROBABILITY_CACHE[key] = log_uniform_probabilities(rows)
+            elif kind == "uniform":
+                _PROBABILITY_CACHE[key] = None
+            else:
+                raise ConfigError(f"access distribution must be zipf, log_uniform or uniform, not {kind!r}")
+        probabilities = _PROBABILITY_CACHE[key]
+        if probabilities is None:
+            probabilities = np.full(rows, 1.0 / rows)
+        if "draws" in item:
+            draws = float(item["draws"])
+        elif "unique" in item:
+            unique_key = (key, item["unique"])
+            if unique_key not in _PROBABILITY_CACHE:
+                _PROBABILITY_CACHE[unique_key] = draws_for_unique(probabilities, float(item["unique"]))
+            draws = _PROBABILITY_CACHE[unique_key]
+        else:
+            raise ConfigError(f"access item needs 'draws' or 'unique', not {sorted(item)}")
+        terms.append((probabilities, draws))
+    return terms
+
+
+def variable_specs(model: dict, workers_per_node: int) -> list:
+    """:class:`VarSpec` of every model variable, alphas derived from ``access``."""
+    specs = []
+    for var in model["variables"]:
+        alpha, alpha_node = var.get("alpha"), var.get("alpha_node")
+        if var["kind"] == "sparse" and "access" in var:
+            terms = _access_terms(var["access"], int(var["shape"][0]))
+            alpha = expected_touched_fraction(terms, 1)
+            alpha_node = expected_touched_fraction(terms, workers_per_node)
+        specs.append(VarSpec(name=var["name"], kind=var["kind"], shape=tuple(var["shape"]),
+                             dtype=var.get("dtype", "float32"),
+                             alpha=1.0 if alpha is None else alpha, alpha_node=alpha_node))
+    return specs
+
+
+def cluster_fabric(cluster: dict) -> Fabric:
+    return Fabric(intra=LinkModel(**cluster["intra"]), inter=LinkModel(**cluster["inter"]),
+                  allreduce_bucket_bytes=int(cluster.get("allreduce_bucket_bytes", 64 << 20)))
+
+
+def _strategy_times(specs, strategy, shape, fabric, params, partitions):
+    """``{variable: (method, seconds)}`` under one strategy."""
+    if strategy in ("allreduce", "ps", "hybrid", "auto"):
+        plan = make_plan(specs, strategy, shape, fabric, partitions=partitions, params=params)
+        return {name: (v.method + ("+agg" if v.local_aggregation else ""), v.predicted_s)
+                for name, v in plan.variables.items()}
+    out = {}
+    if params.ps_batch is None:  # ps_all: every variable on the servers, in one batch
+        params = dataclasses.replace(params, ps_batch=len(specs))
+    for spec in specs:
+        if strategy == "horovod":
+            method = "allgather" if spec.kind == "sparse" else "allreduce"
+        else:  # ps_all
+            method = "ps_no_local_aggregation"
+        seconds = predict(spec, method, shape, fabric, partitions=partitions, params=params)
+        out[spec.name] = ("ps" if method.startswith("ps") else method, seconds)
+    return out
+
+
+def simulate(model: dict, cluster: dict, partitions: int | None = None) -> dict:
+    """Predicted times of every strategy for ``model`` on ``cluster``.
+
+    Returns:
+        ``{"workers": n, "alpha": {...}, "strategies": {name: {"comm_s",
+        "step_s", "samples_per_s", "variables": {var: [method, s]}}}}``.
+    """
+    shape = ClusterShape(int(cluster["num_nodes"]), int(cluster["gpus_per_node"]),
+                         int(cluster.get("servers_per_node", 0)))
+    fabric = cluster_fabric(cluster)
+    params = CostParams(**cluster.get("cost", {}))
+    specs = variable_specs(model, shape.workers_per_node)
+    compute_s = float(model.get("compute_ms", 0.0)) / 1e3
+    samples_per_step = int(model.get("samples_per_worker", 1)) * shape.workers
+    result = {
+        "workers": shape.workers,
+        "topology": shape.to_dict(),
+        "compute_s": compute_s,
+        "alpha": {s.name: [s.alpha, s.node_alpha(shape.workers_per_node)] for s in specs if s.kind == "sparse"},
+        "strategies": {},
+    }
+    for strategy in STRATEGIES:
+        times = _strategy_times(specs, strategy, shape, fabric, params, partitions)
+        comm = float(sum(seconds for _, seconds in times.values()))
+        step = compute_s + comm
+        result["strategies"][strategy] = {
+            "comm_s": comm,
+            "step_s": step,
+            "samples_per_s": samples_per_step / step if step > 0 else math.inf,
+            "variables": {name: [method, seconds] for name, (method, seconds) in times.items()},
+        }
+    return result
+
+
+def _table(header, rows, numeric=()):
+    widths = [max(len(str(r[i])) for r in [header] + rows) for i in range(len(header))]
+
+    def line(cells):
+        return "  ".join(str(c).rjust(w) if i in numeric else str(c).ljust(w)
+                         for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
+
+    return "\n".join([line(header), "  ".join("-" * w for w in widths)] + [line(r) for r in rows])
+
+
+def format_report(model: dict, cluster: dict, result: dict) -> str:
+    topo = result["topology"]
+    lines = [
+        f"model {model.get('name', '?')} on {topo['num_nodes']} nodes x {topo['workers_per_node']} GPUs "
+        f"({result['workers']} workers, {topo['servers_per_node']} servers/node), "
+        f"compute {result['compute_s'] * 1e3:.1f} ms/step",
+    ]
+    for name, (alpha, alpha_node) in result["alpha"].items():
+        lines.append(f"  {name}: alpha per worker {alpha:.5f}, per node {alpha_node:.5f}")
+    strategies = result["strategies"]
+    base = strategies["allreduce"]["samples_per_s"]
+    rows = [[name, STRATEGIES[name], f"{s['comm_s'] * 1e3:.2f}", f"{s['step_s'] * 1e3:.2f}",
+             f"{s['samples_per_s']:.0f}", f"{s['samples_per_s'] / base:.2f}x"]
+            for name, s in strategies.items()]
+    lines.append(_table(["strategy", "what", "comm ms", "step ms", "samples/s", "vs allreduce"], rows,
+                        numeric={2, 3, 4, 5}))
+    lines.append("")
+    names = list(next(iter(strategies.values()))["variables"])
+    rows = [[var] + [f"{strategies[s]['variables'][var][1] * 1e3:.2f} {strategies[s]['variables'][var][0]}"
+                     for s in strategies] for var in names]
+    lines.append("per variable, ms/step and method:")
+    lines.append(_table(["variable"] + list(strategies), rows))
+    hybrid = strategies["hybrid"]["samples_per_s"]
+    lines.append("")
+    lines.append(f"predicted speedup of hybrid (Parallax) over allreduce-only: {hybrid / base:.2f}x, "
+                 f"over horovod (allgather): {hybrid / strategies['horovod']['samples_per_s']:.2f}x, "
+                 f"over ps_all: {hybrid / strategies['ps_all']['samples_per_s']:.2f}x")
+    lines.append("(Parallax paper reports up to 2.8x over Horovod for LM at 48 GPUs; printed for comparison only)")
+    return "\n".join(lines)
+
+
+def _node_counts(max_nodes: int) -> list:
+    counts, n = [], 1
+    while n < max_nodes:
+        counts.append(n)
+        n *= 2
+    return counts + [max_nodes]
+
+
+def write_png(model: dict, cluster: dict, path: str, partitions: int | None = None) -> None:
+    """Throughput against number of nodes, one line per strategy."""
+    try:
+        import matplotlib
+    except ImportError:
+        raise ConfigError("--png needs matplotlib: pip install hpcpax[plot]") from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    counts = _node_counts(int(cluster["num_nodes"]))
+    series = {name: [] for name in STRATEGIES}
+    for nodes in counts:
+        result = simulate(model, dict(cluster, num_nodes=nodes), partitions)
+        for name, s in result["strategies"].items():
+            series[name].append(s["samples_per_s"])
+    figure, axes = plt.subplots(figsize=(6.4, 4.2))
+    gpus = int(cluster["gpus_per_node"])
+    for name, values in series.items():
+        axes.plot(counts, values, marker="o", label=name)
+    axes.set_xlabel(f"nodes ({gpus} GPUs each)")
+    axes.set_ylabel("samples / s (predicted)")
+    axes.set_title(f"{model.get('name', 'model')} on {cluster.get('name', 'cluster')}")
+    axes.set_xscale("log", base=2)
+    axes.set_xticks(counts)
+    axes.set_xticklabels([str(c) for c in counts])
+    axes.grid(True, alpha=0.3)
+    axes.legend(fontsize=8)
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m hpcpax.sim", description=__doc__.split("\n")[0])
+    parser.add_argument("--model", required=True, help="preset name or JSON file")
+    parser.add_argument("--cluster", required=True, help="preset name or JSON file")
+    parser.add_argument("--nodes", type=int, help="override the number of nodes")
+    parser.add_argument("--gpus-per-node", type=int, help="override workers per node")
+    parser.add_argument("--servers-per-node", type=int, help="override servers per node (0: workers host)")
+    parser.add_argument("--bandwidth-gbps", type=float, help="override inter-node bandwidth, Gb/s")
+    parser.add_argument("--latency-us", type=float, help="override inter-node latency, microseconds")
+    parser.add_argument("--compute-ms", type=float, help="override compute time per step, ms")
+    parser.add_argument("--partitions", type=int, help="partitions per ps variable (default: servers)")
+    parser.add_argument("--png", help="write throughput vs nodes to this PNG")
+    parser.add_argument("--json", action="store_true", help="print one JSON line instead of tables")
+    return parser
+
+
+def main(argv=None) -> int:
+    args = _parser().parse_args(argv)
+    model, cluster = load_preset(args.model), load_preset(args.cluster)
+    cluster = dict(cluster, intra=dict(cluster["intra"]), inter=dict(cluster["inter"]))
+    for flag, key in (("nodes", "num_nodes"), ("gpus_per_node", "gpus_per_node"),
+                      ("servers_per_node", "servers_per_node")):
+        value = getattr(args, flag)
+        if value is not None:
+            if value < (0 if key == "servers_per_node" else 1):
+                raise SystemExit(f"--{flag.replace('_', '-')} must be >= 1, not {value}")
+            cluster[key] = value
+    if args.bandwidth_gbps is not None:
+        cluster["inter"]["bandwidth_Bps"] = args.bandwidth_gbps * 1e9 / 8
+    if args.latency_us is not None:
+        cluster["inter"]["latency_s"] = args.latency_us * 1e-6
+    if args.compute_ms is not None:
+        model = dict(model, compute_ms=args.compute_ms)
+    result = simulate(model, cluster, args.partitions)
+    if args.json:
+        print(json.dumps({"model": model.get("name"), "cluster": cluster.get("name"), **result}))
+    else:
+        print(format_report(model, cluster, result))
+    if args.png:
+        write_png(model, cluster, args.png, args.partitions)
+        if not args.json:
+            print(f"wrote {args.png}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

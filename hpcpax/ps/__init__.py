@@ -1,0 +1,9 @@
+"""The parameter server: sparse tables partitioned over owner ranks.
+
+- :mod:`~hpcpax.ps.spec`: :class:`SparseVariableSpec`, what a worker registers;
+- :mod:`~hpcpax.ps.sparse_grad`: :class:`SparseGrad`, a step's sparse gradient;
+- :mod:`~hpcpax.ps.placement`: which owner holds which partition;
+- :mod:`~hpcpax.ps.server`: :class:`ParameterServer` (register, pull, push, serve).
+
+Built on :mod:`hpcpax.comm` and :mod:`hpcpax.ops` only.
+"""

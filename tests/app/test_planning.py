@@ -1,0 +1,105 @@
+"""The automatic plan inside the trainer: measure, decide, switch, search.
+
+Every run is compared with the same training on a fixed ``ps`` plan
+(float64): moving a variable between methods carries every row and its
+optimizer state, and repartitioning moves rows by global id, so the
+parameters must agree to float64 round-off (the methods only sum in other
+orders).
+"""
+
+import json
+import os
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+from hpcpax.plan import Plan
+from hpcpax.app.trainer import Trainer
+
+TINY = {
+    "model": "lm", "vocab_size": 300, "context": 3, "emb_dim": 8, "hidden": [16],
+    "out_dim": 8, "num_sampled": 16, "global_batch": 12, "synthetic_samples": 5000,
+    "lr": 0.01, "sparse_lr": 0.2, "quiet": True, "dtype": "float64", "steps": 12,
+    "fabric_seconds": 0.05,
+}
+
+
+def run(comm, tmp_path, name, hooks=(), **overrides):
+    path = comm.bcast(str(tmp_path / name) if comm.Get_rank() == 0 else None, root=0)
+    trainer = Trainer({**TINY, "run_dir": path, **overrides}, comm=comm, hooks=hooks,
+                      collect=True)
+    trainer.run()
+    first = trainer.topology.worker_ranks[0]
+    losses, params = comm.bcast((trainer.losses, trainer.parameters), root=first)
+    return trainer, path, losses, params
+
+
+def close(a, b):
+    return all(np.allclose(a[p][k], b[p][k], rtol=1e-9, atol=1e-12)
+               for p in ("dense", "sparse") for k in a[p])
+
+
+@pytest.fixture(scope="module")
+def fixed_ps(tmp_path_factory):
+    comm = MPI.COMM_WORLD
+    _, _, losses, params = run(comm, tmp_path_factory.mktemp("ps"), "ps", plan="ps")
+    return losses, params
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("mode", ["auto", "hybrid"])
+def test_measured_plan_is_saved_agreed_and_exact(comm, tmp_path, fixed_ps, mode):
+    trainer, path, losses, params = run(comm, tmp_path, mode, plan=mode, plan_steps=3)
+    ok = close(params, fixed_ps[1]) and np.allclose(losses, fixed_ps[0], rtol=1e-9)
+    if comm.Get_rank() == 0:
+        plan = Plan.load(os.path.join(path, "plan.json"))
+        sparse = {n: v for n, v in plan.variables.items() if v.kind == "sparse"}
+        ok &= set(sparse) == {"embedding", "softmax_w", "softmax_b"}
+        ok &= plan.fabric is not None and plan.search["mode"] == mode
+        ok &= all(plan.measurements[n]["steps"] == 3 and 0 < plan.measurements[n]["alpha"] <= 1
+                  for n in sparse)
+        if mode == "hybrid":
+            ok &= all(v.method == "ps" for v in sparse.values())
+    assert comm.allreduce(bool(ok), op=MPI.LAND)
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.timeout(180)
+def test_partition_search_runs_live_and_stays_exact(comm, tmp_path, fixed_ps):
+    trainer, path, losses, params = run(comm, tmp_path, "search", plan="hybrid", plan_steps=2,
+                                        partition_search=True, steps=40)
+    ok = close(params, fixed_ps_40(comm, tmp_path))
+    if comm.Get_rank() == 0:
+        plan = json.load(open(os.path.join(path, "plan.json")))
+        ok &= all(name in plan["search"] and plan["search"][name]["chosen"] >= 1
+                  for name in ("embedding", "softmax_w", "softmax_b"))
+    assert comm.allreduce(bool(ok), op=MPI.LAND)
+
+
+def fixed_ps_40(comm, tmp_path):
+    return run(comm, tmp_path, "ps40", plan="ps", steps=40)[3]
+
+
+def switch_around(trainer, step):
+    order = {2: "allgather", 4: "dense", 6: "ps", 8: "dense"}
+    if step in order:
+        trainer.switch_method("softmax_w", order[step])
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.timeout(180)
+def test_switching_methods_back_and_forth_is_exact(comm, tmp_path, fixed_ps):
+    trainer, _, losses, params = run(comm, tmp_path, "switch", hooks=[switch_around], plan="ps")
+    ok = close(params, fixed_ps[1]) and np.allclose(losses, fixed_ps[0], rtol=1e-9)
+    ok &= trainer.topology.is_server or trainer.plan["softmax_w"]["method"] == "dense"
+    assert comm.allreduce(bool(ok), op=MPI.LAND)
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.timeout(180)
+def test_replanning_keeps_training_exact(comm, tmp_path, fixed_ps):
+    _, _, losses, params = run(comm, tmp_path, "replan", plan="auto", plan_steps=2,
+                               replan_every=4, replan_threshold=0.0)
+    assert comm.allreduce(bool(close(params, fixed_ps[1])), op=MPI.LAND)

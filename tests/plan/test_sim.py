@@ -1,0 +1,66 @@
+import json
+
+from hpcpax.plan import sim
+from hpcpax.plan.cost_model import VarSpec
+
+SMALL_MODEL = {
+    "name": "tiny",
+    "samples_per_worker": 32,
+    "compute_ms": 5.0,
+    "variables": [
+        {"name": "emb", "kind": "sparse", "shape": [20000, 64], "dtype": "float32",
+         "access": [{"distribution": "zipf", "exponent": 1.0, "draws": 640}]},
+        {"name": "w", "kind": "dense", "shape": [100000], "dtype": "float32"},
+    ],
+}
+
+
+def test_presets_ship():
+    names = sim.list_presets()
+    assert {"lm1b", "parallax_8x6"} <= set(names)
+    lm = sim.load_preset("lm1b")
+    assert lm["variables"][0]["shape"] == [793470, 512]
+
+
+def test_lm1b_alpha_derivation_is_plausible():
+    specs = sim.variable_specs(sim.load_preset("lm1b"), 6)
+    by_name = {s.name: s for s in specs}
+    emb, softmax = by_name["embedding"], by_name["softmax_w"]
+    # fewer distinct rows than draws; the node union lies between one worker and 6 disjoint workers
+    assert 0 < emb.alpha * 793470 < 2560
+    assert emb.alpha < emb.alpha_node < 6 * emb.alpha
+    assert softmax.alpha * 793470 > 8192
+    assert isinstance(emb, VarSpec)
+
+
+def test_cli_prints_every_strategy(capsys, tmp_path):
+    model = tmp_path / "tiny.json"
+    model.write_text(json.dumps(SMALL_MODEL))
+    assert sim.main(["--model", str(model), "--cluster", "parallax_8x6", "--nodes", "4",
+                     "--bandwidth-gbps", "50", "--latency-us", "3", "--compute-ms", "7"]) == 0
+    out = capsys.readouterr().out
+    for name in sim.STRATEGIES:
+        assert f"\n{name} " in out
+    assert "4 nodes x 6 GPUs" in out and "compute 7.0 ms" in out
+    assert "speedup of hybrid" in out
+
+
+def test_cli_json_and_png(capsys, tmp_path):
+    model = tmp_path / "tiny.json"
+    model.write_text(json.dumps(SMALL_MODEL))
+    png = tmp_path / "out.png"
+    assert sim.main(["--model", str(model), "--cluster", "parallax_8x6", "--nodes", "2",
+                     "--json", "--png", str(png)]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert set(result["strategies"]) == set(sim.STRATEGIES)
+    assert result["workers"] == 12
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_lm1b_on_parallax_cluster_hybrid_beats_allreduce_and_allgather(capsys):
+    assert sim.main(["--model", "lm1b", "--cluster", "parallax_8x6"]) == 0
+    out = capsys.readouterr().out
+    result = sim.simulate(sim.load_preset("lm1b"), sim.load_preset("parallax_8x6"))
+    s = result["strategies"]
+    assert s["hybrid"]["samples_per_s"] > s["horovod"]["samples_per_s"] > s["allreduce"]["samples_per_s"]
+    assert "48 workers" in out
