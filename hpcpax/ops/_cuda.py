@@ -16,7 +16,6 @@ import numpy as np
 
 from ..backend import cupy_module
 from ._kernel_source import NAME_EXPRESSIONS, compile_options, kernel_sources, kernels_dir, module_code
-from .packing import PackedPartitions, _displs
 
 cp = cupy_module(required=True)
 
@@ -198,12 +197,14 @@ def scatter_add_rows(table, ids, values):
     return table
 
 
-def partition_pack(indices, values, partitioning):
+def partition_pack(indices, values, partitioning, dest_of_part, num_dest):
     n = indices.size
     parts = cp.empty(n, cp.int64)
     launch_partition_of(indices, partitioning, parts)
-    order = cp.argsort(parts)  # stable: input order kept within a destination
-    counts = cp.bincount(parts, minlength=partitioning.num_parts).get().astype(np.int64)
+    # destination of each row: a lookup on the device, no host round trip
+    keys = parts if dest_of_part is None else cp.asarray(dest_of_part, cp.int64)[parts]
+    order = cp.argsort(keys)  # stable: input order kept within a destination
+    counts = cp.bincount(keys, minlength=num_dest).get().astype(np.int64)
     if values is None or values.shape[1] == 0:
         packed_ids = indices[order]
         packed_values = None if values is None else cp.empty_like(values)
@@ -211,13 +212,4 @@ def partition_pack(indices, values, partitioning):
         packed_ids = cp.empty(n, cp.int64)
         packed_values = cp.empty_like(values)
         launch_pack_rows(indices, values, order, packed_ids, packed_values)
-    return PackedPartitions(counts, packed_ids, packed_values, _displs(counts))
-
-
-def optimizer_rows(name, param, state, rows, grads, scalars, flags=()) -> None:
-    """Run ``{name}_rows``; ``scalars`` from the optimizer, ``flags`` its int switches."""
-    slots = {"sgd": (), "momentum": ("momentum",), "adagrad": ("accumulator",), "adam": ("m", "v")}
-    if name not in slots:
-        raise ValueError(f"optimizer must be one of {sorted(slots)}, not {name!r}")
-    launch_optimizer_rows(name, param, tuple(state[k] for k in slots[name]), rows, grads,
-                          scalars, flags)
+    return counts, packed_ids, packed_values, order

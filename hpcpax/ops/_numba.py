@@ -1,8 +1,9 @@
 """Whether the Numba CPU fast path is on, and lazy access to its kernels.
 
 Importing this module imports no Numba; :func:`kernels` imports
-``_numba_kernels`` (and so Numba) on first use. Set ``HPCPAX_NUMBA=0`` to
-force the plain NumPy path, for example to compare the two.
+``_numba_kernels`` (and so Numba) on first use. ``hpcpax.options.numba =
+False`` (``HPCPAX_NUMBA=0``) forces the plain NumPy path, for example to
+compare the two.
 """
 
 from __future__ import annotations
@@ -10,14 +11,11 @@ from __future__ import annotations
 import os
 from contextlib import contextmanager
 
+from ..options import options
+
 _KERNELS = None
 _TRIED = False
 _DEFAULT_THREADS = None
-
-#: Work (elements touched) below which a kernel runs on one thread: a
-#: parallel region costs more than it saves there, and on a shared or
-#: oversubscribed node it can stall waiting for a thread that is not scheduled.
-SERIAL_BELOW = int(os.environ.get("HPCPAX_NUMBA_SERIAL_BELOW", 1 << 20))
 
 # Variables through which launchers tell each process how many ranks share its node.
 _LOCAL_SIZE_VARIABLES = ("MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE",
@@ -25,8 +23,8 @@ _LOCAL_SIZE_VARIABLES = ("MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE",
 
 
 def enabled() -> bool:
-    """True when Numba is importable and ``HPCPAX_NUMBA`` is not ``"0"``."""
-    if os.environ.get("HPCPAX_NUMBA", "1") == "0":
+    """True when Numba is importable and ``hpcpax.options.numba`` is on."""
+    if not options.numba:
         return False
     return kernels() is not None
 
@@ -46,14 +44,13 @@ def kernels():
 
 
 def default_threads() -> int:
-    """Numba threads per process: ``$HPCPAX_NUMBA_THREADS``, else the cores
-    this process may use divided by the ranks on its node (so ranks on one
-    node do not oversubscribe it)."""
+    """Numba threads per process: ``hpcpax.options.numba_threads``, else the
+    cores this process may use divided by the ranks on its node (so ranks on
+    one node do not oversubscribe it)."""
     global _DEFAULT_THREADS
     if _DEFAULT_THREADS is None:
-        text = os.environ.get("HPCPAX_NUMBA_THREADS", "")
-        if text.isdigit() and int(text) > 0:
-            _DEFAULT_THREADS = int(text)
+        if options.numba_threads is not None:
+            _DEFAULT_THREADS = options.numba_threads
         else:
             cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
                 else (os.cpu_count() or 1)
@@ -82,8 +79,10 @@ def threads_for(work: int):
     else on :func:`default_threads`."""
     import numba  # noqa: PLC0415
 
-    wanted = 1 if work < SERIAL_BELOW else min(default_threads(),
-                                               numba.config.NUMBA_NUM_THREADS)
+    # below this much work a parallel region costs more than it saves, and on a
+    # shared or oversubscribed node it can stall on a thread that is not scheduled
+    wanted = 1 if work < options.numba_serial_below else min(default_threads(),
+                                                             numba.config.NUMBA_NUM_THREADS)
     previous = numba.get_num_threads()
     if wanted == previous:
         yield

@@ -173,36 +173,40 @@ def part_of(row, kind_is_range, num_parts, base, remainder):
 
 
 @nb.njit(cache=True, nogil=True, parallel=True)
-def partition_pack(ids, values, kind_is_range, num_parts, base, remainder, num_chunks):
-    """Stable counting sort of rows by destination partition."""
+def partition_pack(ids, values, kind_is_range, num_parts, base, remainder, dest_of_part,
+                   num_dest, num_chunks):
+    """Stable counting sort of rows by destination (``dest_of_part[partition]``)."""
     n = ids.size
     dim = values.shape[1]
     chunk = (n + num_chunks - 1) // num_chunks
-    chunk_counts = np.zeros((num_chunks, num_parts), np.int64)
+    chunk_counts = np.zeros((num_chunks, num_dest), np.int64)
     for t in prange(num_chunks):
         for i in range(t * chunk, min(n, (t + 1) * chunk)):
-            chunk_counts[t, part_of(ids[i], kind_is_range, num_parts, base, remainder)] += 1
-    counts = np.zeros(num_parts, np.int64)
-    displs = np.zeros(num_parts, np.int64)
-    offsets = np.empty((num_chunks, num_parts), np.int64)
+            d = dest_of_part[part_of(ids[i], kind_is_range, num_parts, base, remainder)]
+            chunk_counts[t, d] += 1
+    counts = np.zeros(num_dest, np.int64)
+    displs = np.zeros(num_dest, np.int64)
+    offsets = np.empty((num_chunks, num_dest), np.int64)
     running = 0
-    for p in range(num_parts):
-        displs[p] = running
+    for d in range(num_dest):
+        displs[d] = running
         for t in range(num_chunks):
-            offsets[t, p] = running
-            running += chunk_counts[t, p]
-        counts[p] = running - displs[p]
+            offsets[t, d] = running
+            running += chunk_counts[t, d]
+        counts[d] = running - displs[d]
     packed_ids = np.empty(n, np.int64)
     packed_values = np.empty((n, dim), values.dtype)
+    order = np.empty(n, np.int64)
     for t in prange(num_chunks):
         for i in range(t * chunk, min(n, (t + 1) * chunk)):
-            p = part_of(ids[i], kind_is_range, num_parts, base, remainder)
-            j = offsets[t, p]
-            offsets[t, p] = j + 1
+            d = dest_of_part[part_of(ids[i], kind_is_range, num_parts, base, remainder)]
+            j = offsets[t, d]
+            offsets[t, d] = j + 1
             packed_ids[j] = ids[i]
+            order[j] = i
             for c in range(dim):
                 packed_values[j, c] = values[i, c]
-    return counts, displs, packed_ids, packed_values
+    return counts, displs, packed_ids, packed_values, order
 
 
 # -- row-wise optimizers: same formulas, same order as optimizers.py ---------

@@ -66,7 +66,7 @@ def dedup_sum(indices, values):
 
     Dispatches on the arrays' device: CuPy input runs the CUDA kernels
     (``kernels/dedup_sum.cu``), NumPy input the Numba kernels when Numba is
-    importable and ``HPCPAX_NUMBA`` is not ``"0"``, else
+    importable and ``hpcpax.options.numba`` is on, else
     :func:`dedup_sum_reference`. All three give bit-equal results. Not
     collective.
 

@@ -56,14 +56,36 @@ def _fraction(name, value):
 class SparseOptimizer:
     """One optimizer rule: hyper-parameters, slot layout, and the update.
 
+    The optimizer owns its state layout: :attr:`row_slots` are arrays shaped
+    like the variable (one row per table row: gathered, moved and
+    checkpointed with the rows), :attr:`scalar_slots` are per-variable
+    host scalars (Adam's step), identical on every holder of the variable.
+    Everything that stores, moves or budgets optimizer state asks here.
+
     Attributes:
         name: ``"sgd"``, ``"momentum"``, ``"adagrad"`` or ``"adam"``.
         hparams: JSON-able dict of hyper-parameters (defaults filled in).
-        state_names: names of the state entries :meth:`init_state` creates.
+        row_slots: names of the state arrays shaped like the variable.
+        scalar_slots: names of the per-variable scalar state entries.
     """
 
     name = ""
-    state_names: tuple = ()
+    row_slots: tuple = ()
+    scalar_slots: tuple = ()
+
+    @property
+    def state_names(self) -> tuple:
+        """Every state entry :meth:`init_state` creates (row slots, then scalars)."""
+        return self.row_slots + self.scalar_slots
+
+    def split_state(self, state) -> tuple:
+        """``(row slots, scalar slots)`` of ``state``: two dicts, same arrays."""
+        return ({k: state[k] for k in self.row_slots},
+                {k: state[k] for k in self.scalar_slots})
+
+    def state_bytes_per_row(self, dim: int, itemsize: int) -> int:
+        """Bytes of optimizer state per table row of ``dim`` values."""
+        return len(self.row_slots) * dim * itemsize
 
     def __init__(self, **hparams):
         self.hparams = hparams
@@ -108,14 +130,11 @@ class SparseOptimizer:
         check_same_dtype("grad", grad, "param", param)
         self._advance(state)
         scalars = self._scalars(param.dtype, state)
-        slots = {k: state[k] for k in self._slot_names()}
+        slots = {k: state[k] for k in self.row_slots}
         new_p, new_slots = self._update(param, slots, grad, scalars)
         param[...] = new_p
         for k, v in new_slots.items():
             state[k][...] = v
-
-    def _slot_names(self):
-        return [k for k in self.state_names if k != "step"]
 
     def _check_rows(self, param, state, rows, grads):
         if not hasattr(param, "flags") or not param.flags.c_contiguous:
@@ -126,7 +145,7 @@ class SparseOptimizer:
         grads = check_float_matrix("grads", grads, rows=rows.shape[0], dim=param.shape[1])
         check_same_device("grads", grads, "param", param)
         check_same_dtype("grads", grads, "param", param)
-        for k in self._slot_names():
+        for k in self.row_slots:
             if k not in state:
                 raise ValueError(f"state must hold {list(self.state_names)}, not {sorted(state)}")
             slot = state[k]
@@ -142,7 +161,7 @@ class SparseOptimizer:
         rows, grads = self._check_rows(param, state, rows, grads)
         self._advance(state)
         scalars = self._scalars(param.dtype, state)
-        slots = {k: state[k][rows] for k in self._slot_names()}
+        slots = {k: state[k][rows] for k in self.row_slots}
         new_p, new_slots = self._update(param[rows], slots, grads, scalars)
         param[rows] = new_p
         for k, v in new_slots.items():
@@ -167,8 +186,10 @@ class SparseOptimizer:
             self._advance(state)
             from . import _cuda  # noqa: PLC0415
 
-            _cuda.optimizer_rows(self.name, param, state, rows, grads,
-                                 self._scalars(param.dtype, state), self._kernel_flags())
+            # the kernel takes the row slots in the optimizer's declared order
+            _cuda.launch_optimizer_rows(self.name, param, tuple(state[k] for k in self.row_slots),
+                                        rows, grads, self._scalars(param.dtype, state),
+                                        self._kernel_flags())
             return
         if not _numba.enabled():
             self.apply_rows_reference(param, state, rows, grads)
@@ -182,7 +203,6 @@ class SparseOptimizer:
 
 class SGD(SparseOptimizer):
     name = "sgd"
-    state_names = ()
 
     def __init__(self, lr):
         super().__init__(lr=_positive("lr", lr))
@@ -200,7 +220,7 @@ class SGD(SparseOptimizer):
 
 class Momentum(SparseOptimizer):
     name = "momentum"
-    state_names = ("momentum",)
+    row_slots = ("momentum",)
 
     def __init__(self, lr, momentum=0.9, nesterov=False):
         super().__init__(lr=_positive("lr", lr), momentum=_fraction("momentum", momentum),
@@ -230,7 +250,7 @@ class Momentum(SparseOptimizer):
 
 class Adagrad(SparseOptimizer):
     name = "adagrad"
-    state_names = ("accumulator",)
+    row_slots = ("accumulator",)
 
     def __init__(self, lr, initial_accumulator=0.1, eps=1e-10):
         initial = float(initial_accumulator)
@@ -257,7 +277,8 @@ class Adagrad(SparseOptimizer):
 
 class Adam(SparseOptimizer):
     name = "adam"
-    state_names = ("m", "v", "step")
+    row_slots = ("m", "v")
+    scalar_slots = ("step",)
 
     def __init__(self, lr, beta1=0.9, beta2=0.999, eps=1e-8):
         super().__init__(lr=_positive("lr", lr), beta1=_fraction("beta1", beta1),

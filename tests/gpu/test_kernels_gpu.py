@@ -6,12 +6,11 @@ every comparison here is bit-exact, except ``apply_dense`` (CuPy's own
 elementwise kernels may fuse multiply-adds).
 """
 
-import os
 
 import numpy as np
 import pytest
 
-from hpcpax.backend import cupy_module, has_gpu
+from hpcpax.backend import cupy_module
 from hpcpax.errors import SparseIndexError
 from hpcpax.ops import (
     dedup_sum,
@@ -33,13 +32,8 @@ CASES = ["empty", "one_row", "all_same", "max_index", "uniform", "zipf", "heavy"
 
 
 @pytest.fixture(scope="module")
-def cp():
-    module = cupy_module()
-    if module is None or not has_gpu():
-        if os.environ.get("HPCPAX_TEST_GPU") == "1":
-            pytest.fail("HPCPAX_TEST_GPU=1 but CuPy or a CUDA device is missing")
-        pytest.skip("needs CuPy and a CUDA device (pip install hpcpax[gpu])")
-    return module
+def cp(need_gpu):
+    return cupy_module()
 
 
 def bits(a):
@@ -110,12 +104,18 @@ def test_scatter_add_rows(cp, case, dtype):
 @pytest.mark.parametrize("kind,num_parts", [("mod", 1), ("mod", 7), ("range", 3), ("range", 1500)])
 @pytest.mark.parametrize("case", ["empty", "one_row", "all_same", "max_index", "zipf"])
 @pytest.mark.parametrize("with_values", [True, False])
-def test_partition_pack(cp, case, dtype, kind, num_parts, with_values):
+@pytest.mark.parametrize("by_owner", [False, True])
+def test_partition_pack(cp, case, dtype, kind, num_parts, with_values, by_owner):
     ids, values = make_case(case, dtype)
     values = values if with_values else None
     partitioning = Partitioning(kind, 1000, num_parts)
-    got = partition_pack(cp.asarray(ids), None if values is None else cp.asarray(values), partitioning)
-    ref = partition_pack_reference(ids, values, partitioning)
+    # by owner: partitions map to 3 destinations out of order, as the PS packs them
+    lut = (np.arange(num_parts)[::-1] % 3) if by_owner else None
+    num_dest = 3 if by_owner else None
+    got = partition_pack(cp.asarray(ids), None if values is None else cp.asarray(values),
+                         partitioning, lut, num_dest)
+    ref = partition_pack_reference(ids, values, partitioning, lut, num_dest)
+    np.testing.assert_array_equal(got.order.get(), ref.order)
     assert isinstance(got.counts, np.ndarray) and isinstance(got.displs, np.ndarray)
     np.testing.assert_array_equal(got.counts, ref.counts)
     np.testing.assert_array_equal(got.displs, ref.displs)

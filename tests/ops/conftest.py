@@ -1,9 +1,17 @@
 """Kernel tests exercise the multi-threaded Numba paths even at tiny sizes.
 
-Outside these tests small inputs run on one thread (``SERIAL_BELOW``); here
-every size goes through the parallel regions, which are the harder code.
+Outside these tests small inputs run on one thread
+(``hpcpax.options.numba_serial_below``); here every size goes through the
+parallel regions, which are the harder code.
 """
 
-from hpcpax.ops import _numba
+import pytest
 
-_numba.SERIAL_BELOW = 0
+import hpcpax
+
+
+@pytest.fixture(autouse=True)
+def parallel_numba_at_every_size():
+    hpcpax.options.numba_serial_below = 0
+    yield
+    del hpcpax.options.numba_serial_below
