@@ -37,7 +37,7 @@ import hpcpax  # noqa: E402
 from hpcpax.comm.accounting import ring_allreduce_bytes  # noqa: E402
 from hpcpax.comm.allreduce import DenseAllreduce  # noqa: E402
 from hpcpax.ops import dedup_sum  # noqa: E402
-from hpcpax.ps.server import ParameterServer, SparseVariableSpec  # noqa: E402
+from hpcpax import ParameterServer, SparseVariableSpec  # noqa: E402
 from hpcpax.ps.sparse_grad import SparseGrad  # noqa: E402
 
 
@@ -131,7 +131,7 @@ def main():
         k = len(steps)
         var = ps.variables["emb"]
         node_of = topo.node_of[topo.worker_ranks]
-        owner_node = lambda ids: topo.node_of[var.dest_of(ids)]  # noqa: E731
+        owner_node = lambda ids: topo.node_of[var.layout.dest_of(ids)]  # noqa: E731
         lower = [_common.offnode_lower_bound([unique[w][s] for w in range(n)], node_of,
                                              owner_node, dim) for s in range(k)]
         gathered = [_common.allgather_bytes(nnz_all[:, s], node_of, 8 + dim * 4) for s in range(k)]

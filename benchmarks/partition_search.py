@@ -23,7 +23,7 @@ from mpi4py import MPI
 
 import hpcpax
 from hpcpax.plan.live_search import search_partitions_live, time_steps
-from hpcpax.ps.server import ParameterServer, SparseVariableSpec
+from hpcpax import ParameterServer, SparseVariableSpec
 from hpcpax.ps.sparse_grad import SparseGrad
 
 sys.path.insert(0, str(Path(__file__).parent))

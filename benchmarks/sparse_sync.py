@@ -8,7 +8,7 @@ benchmarks/sparse_sync.py``. Bytes do not depend on oversubscription, times do.
 Methods, interleaved step by step (A B C D A B C D ...), medians reported:
 
 - ``allgather``: Horovod's sparse path (every worker gets every gradient);
-- ``dense``: densify and allreduce (Horovod's sparse_as_dense);
+- ``allreduce``: densify and allreduce (Horovod's sparse_as_dense);
 - ``ps``: the parameter server, each worker talking to the owners;
 - ``ps_la``: the parameter server with local aggregation.
 
@@ -32,11 +32,11 @@ import numpy as np
 from mpi4py import MPI
 
 import hpcpax
-from hpcpax.ps.server import ParameterServer, SparseVariableSpec
+from hpcpax import ParameterServer, SparseVariableSpec
 from hpcpax.ps.sparse_grad import SparseGrad
 from hpcpax.sync.replicated import ReplicatedTable
 
-METHODS = ("allgather", "dense", "ps", "ps_la")
+METHODS = ("allgather", "allreduce", "ps", "ps_la")
 
 
 def zipf_sampler(num_rows, s=1.0):
@@ -58,7 +58,7 @@ def lower_bound(topo, var, ids_of_worker, row_bytes):
         if not members:
             continue
         union = np.unique(np.concatenate([ids_of_worker[w] for w in members]))
-        owners = var.dest_of(union)
+        owners = var.layout.dest_of(union)
         per_row = 2 * (8 + row_bytes)
         off += int((topo.node_of[owners] != node).sum()) * per_row
         total += len(union) * per_row
@@ -88,7 +88,7 @@ def main():
     else:
         ps.register([spec])
         ps.shutdown()  # releases the servers' first serve(), which took the registration
-    tables = ({m: ReplicatedTable(topo, spec, method=m) for m in ("allgather", "dense")}
+    tables = ({m: ReplicatedTable(topo, spec, method=m) for m in ("allgather", "allreduce")}
               if topo.is_worker else {})
     sample = zipf_sampler(args.rows)
     acct = topo.accounting

@@ -46,7 +46,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _common  # noqa: E402
 
 import hpcpax  # noqa: E402
-from hpcpax.ps.server import ParameterServer, SparseVariableSpec  # noqa: E402
+from hpcpax import ParameterServer, SparseVariableSpec  # noqa: E402
 from hpcpax.ps.sparse_grad import SparseGrad  # noqa: E402
 
 PS_PHASES = ("pull", "push", "intra_node", "control")
@@ -134,7 +134,7 @@ def main():
         k = len(steps)
         row = 8 + dim * 4
         node_of = topo.node_of[topo.worker_ranks]
-        owner_node = lambda ids: topo.node_of[var.dest_of(ids)]  # noqa: E731
+        owner_node = lambda ids: topo.node_of[var.layout.dest_of(ids)]  # noqa: E731
         lower = [_common.offnode_lower_bound([unique[w][s] for w in range(n)], node_of,
                                              owner_node, dim) for s in range(k)]
         torch_bytes = [_common.allgather_bytes(nnz_all[:, s], node_of, row) for s in range(k)]

@@ -15,7 +15,7 @@ from hpcpax.comm.allreduce import DenseAllreduce
 from hpcpax.data import SyntheticLM
 from hpcpax.models import build_model
 from hpcpax.ops.optimizers import make_optimizer
-from hpcpax.ps.server import ParameterServer, SparseVariableSpec
+from hpcpax import ParameterServer, SparseVariableSpec
 from hpcpax.ps.sparse_grad import SparseGrad
 
 STEPS, GLOBAL_BATCH = 60, 96

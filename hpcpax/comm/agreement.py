@@ -5,6 +5,12 @@ the first collective deadlock or silently mix up buffers. :func:`check_same`
 compares a hash of each named field with one small ``allgather`` and raises
 :class:`~hpcpax.errors.MismatchError` on every rank together, naming the first
 field that differs and which ranks hold which value.
+
+Bad input is agreed the same way: a collective operation whose input failed
+a check on one rank must fail on every rank, before any data moves.
+:func:`refuse_together` is the one protocol for that (the parameter server
+carries the status codes in its operation header; other collectives
+exchange them with :func:`agree_input`).
 """
 
 from __future__ import annotations
@@ -12,7 +18,64 @@ from __future__ import annotations
 import hashlib
 import json
 
-__all__ = ["check_same", "fingerprint"]
+__all__ = ["check_same", "fingerprint", "status_of", "refuse_together", "agree_input",
+           "STATUS_OK", "STATUS_NONFINITE"]
+
+STATUS_OK, STATUS_BAD_INDEX, STATUS_NONFINITE, STATUS_BAD_TYPE, STATUS_BAD_VALUE = range(5)
+
+
+def _status_errors():
+    from ..errors import NonFiniteError, SparseIndexError
+
+    return {STATUS_BAD_INDEX: SparseIndexError, STATUS_NONFINITE: NonFiniteError,
+            STATUS_BAD_TYPE: TypeError, STATUS_BAD_VALUE: ValueError}
+
+
+def status_of(error) -> int:
+    """Status code of a local input error (``STATUS_OK`` when None)."""
+    if error is None:
+        return STATUS_OK
+    for status, cls in _status_errors().items():
+        if isinstance(error, cls):
+            return status
+    return STATUS_BAD_VALUE
+
+
+def refuse_together(comm, statuses, labels, error, what, raise_here=True) -> None:
+    """Raise on every rank of ``comm`` if any rank's status is not OK.
+
+    **Collective** over ``comm`` on the error path only (one ``bcast`` of the
+    first offender's message); returns at once when every status is OK.
+
+    Args:
+        comm: the communicator of the operation.
+        statuses: status code of each rank of ``comm`` (from :func:`status_of`).
+        labels: how messages name each rank of ``comm`` (e.g. world ranks).
+        error: this rank's own error, or None; re-raised here as it is.
+        what: the refused operation, e.g. ``"push of 'emb'"``.
+        raise_here: False on ranks that only take part (servers).
+    """
+    bad = [i for i, status in enumerate(statuses) if status != STATUS_OK]
+    if not bad:
+        return
+    first = bad[0]
+    message = comm.bcast(str(error) if comm.Get_rank() == first else None, root=first)
+    if not raise_here:
+        return
+    if error is not None:
+        raise error
+    raise _status_errors()[int(statuses[first])](
+        f"{what} refused on every rank: rank {labels[first]} sent bad input ({message}); "
+        f"ranks with bad input: {[labels[i] for i in bad]}")
+
+
+def agree_input(comm, error, what, labels=None) -> None:
+    """:func:`refuse_together` for a collective without a header of its own.
+
+    **Collective** over ``comm``: one small ``allgather`` of status codes.
+    """
+    statuses = comm.allgather(status_of(error))
+    refuse_together(comm, statuses, labels or list(range(comm.Get_size())), error, what)
 
 
 def fingerprint(value) -> str:

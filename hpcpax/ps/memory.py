@@ -15,48 +15,16 @@ Sizes are bytes, or a number with a suffix ``K``, ``M``, ``G``, ``T``
 
 from __future__ import annotations
 
-import os
-import re
-
 import numpy as np
 
 from ..errors import ConfigError
+from ..options import format_bytes, options
 
-__all__ = ["parse_bytes", "available_memory", "default_budget", "owner_budget",
-           "table_bytes", "check_memory_budget", "format_bytes", "DEFAULT_FRACTION"]
+__all__ = ["available_memory", "default_budget", "owner_budget", "table_bytes",
+           "check_memory_budget", "DEFAULT_FRACTION"]
 
 #: Share of the node's available memory the owner ranks of a node may fill.
 DEFAULT_FRACTION = 0.8
-_SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([kmgt]?)(i?b)?\s*$", re.IGNORECASE)
-_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
-
-
-def parse_bytes(value, where="size"):
-    """``"8G"`` -> 8589934592; None stays None; ints pass. ConfigError names ``where``."""
-    if value is None or value == "":
-        return None
-    if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
-        number = int(value)
-    else:
-        match = _SIZE.match(str(value)) if isinstance(value, (str, float)) else None
-        if match is None:
-            raise ConfigError(f"{where} must be a size like 512M or 8G, not {value!r}")
-        number = int(float(match.group(1)) * _UNITS[match.group(2).lower()])
-    if number <= 0:
-        raise ConfigError(f"{where} must be a positive size, not {value!r}")
-    return number
-
-
-def format_bytes(n) -> str:
-    """``3.0 GiB``-style text."""
-    n = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024:
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} TiB"
-
-
 def available_memory(meminfo="/proc/meminfo"):
     """``MemAvailable`` in bytes, or None where unknown."""
     try:
@@ -70,10 +38,10 @@ def available_memory(meminfo="/proc/meminfo"):
 
 
 def default_budget(local_size: int, meminfo="/proc/meminfo"):
-    """Bytes one rank may hold by default: env, else MemAvailable x fraction / ranks on node."""
-    from_env = parse_bytes(os.environ.get("HPCPAX_SERVER_MEMORY"), "HPCPAX_SERVER_MEMORY")
-    if from_env is not None:
-        return from_env
+    """Bytes one rank may hold by default: ``options.server_memory``, else MemAvailable x
+    fraction / ranks on node."""
+    if options.server_memory is not None:
+        return options.server_memory
     available = available_memory(meminfo)
     if available is None:
         return None
@@ -90,9 +58,7 @@ def _slot_count(spec) -> int:
     """Optimizer slots with one row per table row (Adagrad 1, Adam 2...)."""
     from ..ops.optimizers import make_optimizer
 
-    state = make_optimizer(spec.optimizer, **spec.optimizer_params).init_state(
-        (2, spec.dim), np.dtype(spec.dtype), np)
-    return sum(1 for v in state.values() if np.ndim(v) == 2 and np.shape(v)[0] == 2)
+    return len(make_optimizer(spec.optimizer, **spec.optimizer_params).row_slots)
 
 
 def table_bytes(specs, num_owners: int) -> list:
@@ -124,8 +90,7 @@ def check_memory_budget(ps, specs) -> None:
     anything is allocated.
     """
     topo = ps.topology
-    held = sum(var.table.nbytes + sum(np.asarray(v).nbytes for v in var.state.values())
-               for var in ps.variables.values() if var.table is not None)
+    held = sum(var.shard.nbytes for var in ps.variables.values() if var.shard is not None)
     everyone = topo.comm.allgather((owner_budget(ps), int(held)))
     load = table_bytes(specs, len(topo.owner_ranks))
     worst = None

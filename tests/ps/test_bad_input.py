@@ -10,7 +10,7 @@ import pytest
 
 import hpcpax
 from hpcpax.errors import MismatchError
-from hpcpax.ps.server import ParameterServer, SparseVariableSpec
+from hpcpax import ParameterServer, SparseVariableSpec
 
 ROWS, DIM = 50, 3
 

@@ -13,7 +13,8 @@ from mpi4py import MPI
 
 import hpcpax
 from hpcpax.errors import MismatchError, SparseIndexError
-from hpcpax.ps.server import MAX_BATCH, ParameterServer, SparseVariableSpec, _batches
+from hpcpax import ParameterServer, SparseVariableSpec
+from hpcpax.ps.protocol import MAX_BATCH, batches as _batches
 from hpcpax.ps.sparse_grad import SparseGrad
 
 SPECS = [
@@ -194,15 +195,12 @@ def test_replicated_allgather_batch_equals_one_by_one(comm, rpn):
     the same replicas bit for bit and the same bytes per table as one-by-one."""
     from hpcpax.ops import dedup_sum
     from hpcpax.ops.dedup import dedup_sum_reference
-    from hpcpax.sync.replicated import (
-        ReplicatedTable,
-        allgather_sparse_many,
-        push_many,
-    )
+    from hpcpax.comm.sparse_collectives import allgather_sparse_many
+    from hpcpax.sync.replicated import ReplicatedTable, push_many
 
     topo = hpcpax.init(ranks_per_node=rpn, servers_per_node=0)
     try:
-        methods = {"a": "allgather", "b": "dense", "c": "allgather"}
+        methods = {"a": "allgather", "b": "allreduce", "c": "allgather"}
         single = {s.name: ReplicatedTable(topo, s, methods[s.name], seed=2) for s in SPECS}
         batched = {s.name: ReplicatedTable(topo, s, methods[s.name], seed=2) for s in SPECS}
         acct = topo.accounting

@@ -11,7 +11,7 @@ import pytest
 from mpi4py import MPI
 
 import hpcpax
-from hpcpax.ps.server import ParameterServer, SparseVariableSpec
+from hpcpax import ParameterServer, SparseVariableSpec
 from hpcpax.ps.sparse_grad import SparseGrad
 
 ROWS, DIM = 300, 5
@@ -28,8 +28,8 @@ def expected(topo, var, la):
     """{phase: [sent, recv, sent_inter, recv_inter]} for one pull + one push."""
     me = topo.rank
     out = {p: np.zeros(4, np.int64) for p in ("pull", "push", "intra_node")}
-    part_of = var.partitioning.partition_of
-    owner_of = var.dest_of
+    part_of = var.layout.partitioning.partition_of
+    owner_of = var.layout.dest_of
 
     def add(phase, src, dst, nbytes):
         if src == dst or nbytes == 0:

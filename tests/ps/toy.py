@@ -9,7 +9,7 @@ import numpy as np
 
 from hpcpax.ps.initializers import init_rows
 from hpcpax.ops.optimizers import make_optimizer
-from hpcpax.ps.server import SparseVariableSpec
+from hpcpax import SparseVariableSpec
 
 ROWS, DIM, FIELDS, BATCH, STEPS = 97, 4, 3, 12, 20
 SPEC = SparseVariableSpec("emb", rows=ROWS, dim=DIM, dtype="float64", optimizer="adagrad",

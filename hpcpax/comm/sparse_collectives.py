@@ -1,0 +1,99 @@
+"""Horovod's ways to sync a sparse gradient among workers holding whole replicas.
+
+- :func:`allgather_sparse_many`: every worker receives every other worker's
+  deduplicated ``(indices, values)`` (one ``Allgatherv`` for all tables) and
+  sums them locally. Traffic grows with the number of workers.
+- :func:`densify_allreduce`: the gradient is densified and allreduced like a
+  dense variable (``sparse_as_dense``), plus a one-byte-per-row mask so a
+  lazy optimizer still touches only rows some worker touched.
+
+Both are **collective** over ``topology.workers`` and count their bytes.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from ..ops import dedup_sum
+from .accounting import ring_allreduce_bytes
+from .exchange import _as_bytes, _row_bytes, _split_segments
+
+__all__ = ["allgather_sparse", "allgather_sparse_many", "densify_allreduce"]
+
+
+def allgather_sparse(topology, name, ids, values):
+    """Sum of every worker's ``(ids, values)`` on every worker (Horovod's way).
+
+    **Collective** over ``topology.workers``. Inputs deduplicated host arrays;
+    returns ``(unique ids, summed rows)``; bytes counted in phase ``allgather``
+    as direct sends to each peer (what the gathered result implies). The
+    one-variable :func:`allgather_sparse_many`.
+    """
+    return allgather_sparse_many(topology, [name], [ids], [values])[0]
+
+
+def allgather_sparse_many(topology, names, id_lists, value_lists):
+    """:func:`allgather_sparse` of several variables in one ``Allgatherv``.
+
+    **Collective** over ``topology.workers``; every worker passes the same
+    ``names`` in the same order. One ``Allgather`` of the ``K`` row counts,
+    then one ``Allgatherv`` of bytes holding, for each worker, its rows of
+    variable 0, then 1, ... (id beside values, one record per row). Returns
+    ``[(unique ids, summed rows), ...]``: row ``u`` of a variable is the sum,
+    in worker order, of every worker's row for that id (so each variable's
+    result is bit-identical to syncing it alone); bytes are counted per
+    variable as direct sends to each peer.
+    """
+    from mpi4py import MPI
+
+    comm, acct = topology.workers, topology.accounting
+    start = time.perf_counter()
+    k_vars = len(names)
+    mine = np.array([len(ids) for ids in id_lists], np.int64)
+    counts = np.empty((comm.Get_size(), k_vars), np.int64)
+    comm.Allgather([mine, MPI.INT64_T], [counts, MPI.INT64_T])
+    arrays = [[np.ascontiguousarray(i, np.int64), np.ascontiguousarray(v)]
+              for i, v in zip(id_lists, value_lists)]
+    rows = np.array([_row_bytes(a) for a in arrays], np.int64)
+    packed = [_as_bytes(a, int(w)).reshape(-1) for a, w in zip(arrays, rows)]
+    send = np.concatenate(packed) if packed else np.zeros(0, np.uint8)
+    per_worker = counts @ rows
+    displs = np.concatenate([[0], np.cumsum(per_worker)[:-1]]).astype(np.int64)
+    gathered = np.empty(int(per_worker.sum()), np.uint8)
+    comm.Allgatherv([send, MPI.BYTE], [gathered, (per_worker, displs), MPI.BYTE])
+    out = []
+    for all_ids, all_vals in _split_segments(gathered, displs, counts, rows, arrays):
+        out.append(dedup_sum(all_ids, all_vals))
+    peers = np.asarray(topology.worker_ranks)
+    sent = np.repeat((mine * rows)[:, None], len(peers), axis=1)
+    acct.record_batched_exchange("allgather", list(names), sent, (counts * rows).T,
+                                 time.perf_counter() - start, ranks=peers)
+    return out
+
+
+def densify_allreduce(topology, name, ids, values, num_rows):
+    """Densify ``(ids, values)`` and allreduce (sum) over the workers (``sparse_as_dense``).
+
+    **Collective** over ``topology.workers``. Returns ``(touched ids, rows)``
+    where touched are the rows any worker sent. Bytes counted in phase
+    ``dense_sparse`` by the ring formula
+    (:func:`~hpcpax.comm.accounting.ring_allreduce_bytes`).
+    """
+    from mpi4py import MPI
+
+    comm, acct = topology.workers, topology.accounting
+    start = time.perf_counter()
+    dense = np.zeros((num_rows, values.shape[1]), values.dtype)
+    dense[ids] = values
+    mask = np.zeros(num_rows, np.uint8)
+    mask[ids] = 1
+    comm.Allreduce(MPI.IN_PLACE, dense, op=MPI.SUM)
+    comm.Allreduce(MPI.IN_PLACE, mask, op=MPI.MAX)
+    sent, recv, s_inter, r_inter = ring_allreduce_bytes(
+        topology.node_of, topology.worker_ranks, topology.rank, dense.nbytes + mask.nbytes)
+    acct.record_bytes("dense_sparse", name, sent, recv, s_inter, r_inter,
+                      time.perf_counter() - start)
+    touched = np.flatnonzero(mask)
+    return touched, dense[touched]

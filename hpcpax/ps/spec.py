@@ -1,0 +1,74 @@
+"""`SparseVariableSpec`: a sparse variable (an embedding table) as workers declare it."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from ..ops.optimizers import make_optimizer
+from .initializers import INITIALIZERS
+
+__all__ = ["SparseVariableSpec"]
+
+
+@dataclass(frozen=True)
+class SparseVariableSpec:
+    """A sparse variable (an embedding table) as workers register it.
+
+    Attributes:
+        name: unique name.
+        rows, dim: table shape.
+        dtype: ``float32`` or ``float64``.
+        initializer: ``uniform`` (U(-init_scale, init_scale)), ``zeros`` or
+            ``constant`` (every value ``init_scale``).
+        init_scale: see ``initializer``.
+        optimizer: ``sgd``, ``momentum``, ``adagrad`` or ``adam``.
+        optimizer_params: hyper-parameters, e.g. ``{"lr": 0.1}``.
+        partitioning: ``mod`` (row r in partition r % P) or ``range``.
+        num_partitions: P; None = one per owner rank.
+    """
+
+    name: str
+    rows: int
+    dim: int
+    dtype: str = "float32"
+    initializer: str = "uniform"
+    init_scale: float = 0.05
+    optimizer: str = "sgd"
+    optimizer_params: dict = field(default_factory=lambda: {"lr": 0.1})
+    partitioning: str = "mod"
+    num_partitions: int | None = None
+
+    def validate(self) -> None:
+        """Raise ``ValueError``/``TypeError`` for a bad field (local check)."""
+        if not isinstance(self.name, str) or not self.name:
+            raise TypeError(f"name must be a non-empty str, not {self.name!r}")
+        for key in ("rows", "dim"):
+            value = getattr(self, key)
+            if not isinstance(value, (int, np.integer)) or value < 1:
+                raise ValueError(f"{self.name}: {key} must be a positive int, not {value!r}")
+        if np.dtype(self.dtype) not in (np.dtype("float32"), np.dtype("float64")):
+            raise TypeError(f"{self.name}: dtype must be float32 or float64, not {self.dtype}")
+        if self.initializer not in INITIALIZERS:
+            raise ValueError(f"{self.name}: initializer must be one of {sorted(INITIALIZERS)}, "
+                             f"not {self.initializer!r}")
+        if self.partitioning not in ("mod", "range"):
+            raise ValueError(f"{self.name}: partitioning must be 'mod' or 'range', "
+                             f"not {self.partitioning!r}")
+        if self.num_partitions is not None and (
+                not isinstance(self.num_partitions, (int, np.integer)) or self.num_partitions < 1):
+            raise ValueError(f"{self.name}: num_partitions must be a positive int, "
+                             f"not {self.num_partitions!r}")
+        make_optimizer(self.optimizer, **self.optimizer_params)
+
+    def to_dict(self) -> dict:
+        """JSON-ready dict."""
+        d = asdict(self)
+        d["dtype"] = str(np.dtype(self.dtype))
+        return d
+
+    @property
+    def row_bytes(self) -> int:
+        """Bytes of one row."""
+        return self.dim * np.dtype(self.dtype).itemsize
