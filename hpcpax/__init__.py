@@ -3,7 +3,8 @@
 The primitives a user's own mpi4py program needs are here: :func:`init`
 (topology), :class:`ParameterServer` with :class:`SparseVariableSpec` and
 :class:`SparseGrad` (sparse push/pull), :class:`DenseAllreduce` (fused dense
-allreduce), the kernels in :mod:`hpcpax.ops`. ``python -m hpcpax.train`` is the
+allreduce), the kernels in :mod:`hpcpax.ops`; :data:`options` holds every
+``HPCPAX_*`` setting. ``python -m hpcpax.train`` is the
 ready-made trainer. Importing the package imports no CuPy or Numba and
 compiles nothing.
 """
@@ -23,7 +24,9 @@ from .errors import (
     SparseIndexError,
     TopologyError,
 )
-from .ps.server import ParameterServer, SparseVariableSpec
+from .options import options
+from .ps.server import ParameterServer
+from .ps.spec import SparseVariableSpec
 from .ps.sparse_grad import SparseGrad
 from .sync.replicated import ReplicatedTable
 from .comm.topology import Topology, init
@@ -50,4 +53,5 @@ __all__ = [
     "TopologyError",
     "check_same",
     "init",
+    "options",
 ]

@@ -35,8 +35,7 @@ import numpy as np
 from ..errors import CheckpointError
 
 __all__ = ["save", "latest", "list_checkpoints", "verify", "read_meta", "load_dense",
-           "load_rows", "import_ps_variable", "import_replicated", "checkpoint_name",
-           "MANIFEST", "FORMAT"]
+           "load_rows", "checkpoint_name", "MANIFEST", "FORMAT"]
 
 MANIFEST = "MANIFEST.json"
 FORMAT = "hpcpax-checkpoint/1"
@@ -150,7 +149,6 @@ def save(comm, run_dir, step: int, *, dense=None, sparse=(), meta=None, keep: in
             written[name] = _file_entry(path)
     except (OSError, ValueError, TypeError) as exc:
         error = f"rank {rank}: writing into {tmp} failed: {exc}"
-    _test_crash_hook(step, rank, comm.Get_size())
     gathered = comm.gather((written, error), root=0)
 
     if rank == 0:
@@ -187,17 +185,6 @@ def save(comm, run_dir, step: int, *, dense=None, sparse=(), meta=None, keep: in
     if error:
         raise CheckpointError(error)
     return final
-
-
-def _test_crash_hook(step, rank, size):
-    """Test hook: ``HPCPAX_TEST_CRASH_IN_CHECKPOINT=STEP[:RANK]`` kills RANK (default the last)
-    with ``os._exit(9)`` while checkpoint STEP is half written (its files are in the
-    temporary directory, no manifest yet). For the reliability tests only."""
-    spec = os.environ.get("HPCPAX_TEST_CRASH_IN_CHECKPOINT")
-    if spec:
-        crash_step, _, crash_rank = spec.partition(":")
-        if int(crash_step) == int(step) and int(crash_rank or size - 1) == rank:
-            os._exit(9)
 
 
 def list_checkpoints(run_dir) -> list:
@@ -377,41 +364,3 @@ def load_rows(path, name, wanted):
                               f"{'missing' if found[bad[0]] == 0 else 'duplicated'} "
                               f"({len(bad)} bad rows)")
     return table, row_state, scalar_state
-
-
-def _restore_into(name, table, state, local, loaded_table, loaded_rows, loaded_scalars):
-    if loaded_table.shape[1:] != table.shape[1:] or loaded_table.dtype != table.dtype:
-        raise CheckpointError(f"variable {name!r}: checkpoint rows are {loaded_table.dtype} "
-                              f"{loaded_table.shape[1:]}, the variable is {table.dtype} "
-                              f"{table.shape[1:]}")
-    slots = {k for k, v in state.items() if np.ndim(v) == 2 and v.shape[0] == table.shape[0]}
-    if slots != set(loaded_rows) or set(state) - slots != set(loaded_scalars):
-        raise CheckpointError(f"variable {name!r}: checkpoint optimizer state "
-                              f"{sorted(loaded_rows) + sorted(loaded_scalars)} does not match "
-                              f"the optimizer's {sorted(state)}")
-    table[local] = loaded_table
-    for k in slots:
-        state[k][local] = loaded_rows[k]
-    for k, value in loaded_scalars.items():
-        state[k][...] = value
-
-
-def import_ps_variable(ps, name, path) -> None:
-    """Load this owner's rows of PS variable ``name`` from checkpoint ``path``.
-
-    Not collective: each owner reads the rows it owns under the *current*
-    layout from every sparse file; ranks owning nothing return at once.
-    """
-    var = ps.variables[name]
-    if var.table is None:
-        return
-    gids = var.owned_global_ids()
-    loaded = load_rows(path, name, gids)
-    _restore_into(name, var.table, var.state, var.local_rows(gids), *loaded)
-
-
-def import_replicated(replica, path) -> None:
-    """Load every row of a :class:`~hpcpax.sync.replicated.ReplicatedTable`."""
-    gids = np.arange(replica.spec.rows, dtype=np.int64)
-    loaded = load_rows(path, replica.spec.name, gids)
-    _restore_into(replica.spec.name, replica.table, replica.state, gids, *loaded)

@@ -17,11 +17,14 @@ import tomllib
 from dataclasses import dataclass
 
 from ..errors import ConfigError
+from ..sync import METHODS
 
-__all__ = ["FLAGS", "MODEL_FLAGS", "TRAINING_KEYS", "parse_args", "resolve", "load_toml",
-           "model_kwargs", "normalize_plan", "SPARSE_METHODS"]
+__all__ = ["FLAGS", "MODEL_FLAGS", "TRAINING_KEYS", "PLAN_MODES", "parse_args", "resolve",
+           "load_toml", "model_kwargs", "normalize_plan", "load_plan_file"]
 
-SPARSE_METHODS = ("ps", "allgather", "dense")
+#: ``--plan`` values that measure before deciding (the rest are a method for
+#: every sparse variable, or a plan file).
+PLAN_MODES = ("auto", "hybrid")
 
 
 @dataclass(frozen=True)
@@ -76,7 +79,8 @@ FLAGS = (
          "else auto); servers always run on the CPU", ("cpu", "gpu", "auto")),
     Flag("local_aggregation", "bool", True, "aggregate sparse traffic inside a node first"),
     Flag("plan", "plan", "auto", "auto (measure, then the cost model decides), hybrid "
-         "(measure, then Parallax's rule), ps, allgather, dense (allreduce) or a JSON plan file"),
+         "(measure, then Parallax's rule), ps, allgather, allreduce (every sparse variable "
+         "so), or a JSON plan file (a saved plan.json or {name: {method, partitions}})"),
     Flag("plan_steps", "int", 5, "auto/hybrid: steps measured before the plan is made",
          minimum=1),
     Flag("fabric_seconds", "float", 0.5, "auto/hybrid: time budget of the start-up fabric "
@@ -184,6 +188,9 @@ def _check_value(flag: Flag, value, where: str):
         if not isinstance(value, str):
             raise ConfigError(f"{where} must be a method name, a file or a table, "
                               f"not {type(value).__name__}")
+        if value == "dense":
+            raise ConfigError(f"{where} must be one of {list(PLAN_MODES + METHODS)} or a plan "
+                              "file, not 'dense' (a densified sparse table is 'allreduce')")
         return value
     if flag.choices and value not in flag.choices:
         raise ConfigError(f"{where} must be one of {list(flag.choices)}, not {value!r}")
@@ -193,10 +200,13 @@ def _check_value(flag: Flag, value, where: str):
 
 
 def normalize_plan(plan: dict, where: str = "plan") -> dict:
-    """``{name: {"method", "partitions"[, "owners"]}}`` checked; ``allreduce`` -> ``dense``.
+    """A per-variable plan table checked: ``{name: {"method", "partitions", "owners",
+    "local_aggregation"}}`` (None where not given), methods named as in
+    :data:`hpcpax.sync.METHODS`.
 
-    Also accepts a :class:`hpcpax.plan.Plan` JSON dict (``{"variables": [...]}``);
-    dense variables in it are ignored (they always go through the allreduce).
+    Also accepts a :class:`hpcpax.plan.Plan` JSON dict (``{"variables": [...]}``,
+    what ``plan.json`` holds); dense variables in it are ignored (they always
+    go through the allreduce).
     """
     if "variables" in plan and isinstance(plan["variables"], (list, dict)):
         entries = plan["variables"]
@@ -214,20 +224,29 @@ def normalize_plan(plan: dict, where: str = "plan") -> dict:
         if unknown:
             raise ConfigError(f"{where}[{name!r}]: unknown key {sorted(unknown)[0]!r}")
         method = entry.get("method", "ps")
-        method = "dense" if method == "allreduce" else method
-        if method not in SPARSE_METHODS:
-            raise ConfigError(f"{where}[{name!r}].method must be one of "
-                              f"{list(SPARSE_METHODS) + ['allreduce']}, not {method!r}")
+        if method not in METHODS:
+            hint = " (a densified sparse table is 'allreduce')" if method == "dense" else ""
+            raise ConfigError(f"{where}[{name!r}].method must be one of {list(METHODS)}, "
+                              f"not {method!r}{hint}")
         partitions = entry.get("partitions")
         if partitions is not None and (isinstance(partitions, bool)
                                        or not isinstance(partitions, int) or partitions < 1):
             raise ConfigError(f"{where}[{name!r}].partitions must be a positive int, "
                               f"not {partitions!r}")
-        item = {"method": method, "partitions": partitions}
-        owners = entry.get("owners")
-        if owners:
-            item["owners"] = [int(o) for o in owners]
-        out[str(name)] = item
+        owners = entry.get("owners") or None
+        if owners is not None:
+            if method != "ps":
+                owners = None  # a replicated variable has no owners
+            elif not isinstance(owners, list) or not all(
+                    isinstance(o, int) and not isinstance(o, bool) and o >= 0 for o in owners):
+                raise ConfigError(f"{where}[{name!r}].owners must be a list of owner indices "
+                                  f">= 0, not {owners!r}")
+        local = entry.get("local_aggregation")
+        if local is not None and not isinstance(local, bool):
+            raise ConfigError(f"{where}[{name!r}].local_aggregation must be true or false, "
+                              f"not {local!r}")
+        out[str(name)] = {"method": method, "partitions": partitions if method == "ps" else None,
+                          "owners": owners, "local_aggregation": local if method == "ps" else None}
     return out
 
 

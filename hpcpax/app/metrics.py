@@ -12,7 +12,7 @@ import math
 import os
 import sys
 
-__all__ = ["MetricsWriter", "ProgressBar", "read_metrics", "json_safe"]
+__all__ = ["MetricsWriter", "ProgressBar", "read_metrics", "json_safe", "write_json"]
 
 
 def json_safe(value):
@@ -108,3 +108,9 @@ class ProgressBar:
         if self._bar is not None:
             self._bar.close()
             self._bar = None
+
+
+def write_json(path, value) -> None:
+    """Write ``value`` (made JSON-safe) to ``path``, indented."""
+    with open(path, "w", encoding="utf-8") as handle:
+        json.dump(json_safe(value), handle, indent=2)

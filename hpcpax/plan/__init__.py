@@ -1,9 +1,15 @@
-"""Planner: measurements, cost model, partition search, plans.
+"""Planning: measurements, cost model, partition search, plans, the live controller.
 
-Pure Python and NumPy; nothing here is collective and nothing imports MPI,
-CuPy or matplotlib. The trainer measures (fabric, sparsity, step times),
-feeds the numbers here, and compares the resulting plan's fingerprint
-across ranks.
+Two kinds of modules. The planning maths is pure Python and NumPy: nothing
+in it is collective and nothing imports MPI (checked by
+``tests/test_layers.py``); the trainer measures (fabric, sparsity, step
+times), feeds the numbers in, and compares the resulting plan's fingerprint
+across ranks. The collective parts act on a running job:
+:mod:`~hpcpax.plan.controller` (measure, plan, apply, re-plan, through the
+trainer's public interface) and :mod:`~hpcpax.plan.live_search` (the
+partition search on live steps).
+
+Pure:
 
 * :mod:`~hpcpax.plan.plan`: :class:`Plan`, :class:`VariablePlan`, JSON,
   :func:`assign_owners`.
@@ -12,8 +18,8 @@ across ranks.
 * :mod:`~hpcpax.plan.measure`: :class:`SparsityStats`.
 * :mod:`~hpcpax.plan.auto`: :func:`make_plan` by mode or by cost.
 
-The simulator CLI built on the same model is ``python -m hpcpax.sim``;
-its presets are JSON files in ``hpcpax/planner/presets/``.
+* :mod:`~hpcpax.plan.sim`: the simulator (``python -m hpcpax.sim``) on the
+  same model; its presets are JSON files in ``hpcpax/plan/presets/``.
 """
 
 from .auto import MODES, make_plan, should_switch

@@ -28,29 +28,32 @@ import numpy as np
 
 from ..backend import to_host
 
-__all__ = ["PlanController", "MEASURED_MODES", "to_trainer_method"]
+__all__ = ["PlanController", "MEASURED_MODES"]
 
 #: ``--plan`` values that measure before deciding.
 MEASURED_MODES = ("auto", "hybrid")
 
 
-def to_trainer_method(method: str) -> str:
-    """Planner method name -> trainer's (``allreduce`` of a sparse table is ``dense``)."""
-    return "dense" if method == "allreduce" else method
-
-
 class PlanController:
     """Measures, plans and re-plans for one :class:`~hpcpax.app.trainer.Trainer`.
+
+    Uses the trainer's public interface only: ``topology``, ``config``,
+    ``run_dir``, ``is_leader``, ``log``, ``stopped``, ``sync`` (the
+    :class:`~hpcpax.sync.sparse_set.SparseSync`), ``dense``, ``ps``,
+    ``switch_method``, ``repartition``, ``loop_step``, ``write_plan``.
 
     Args:
         trainer: the trainer (its topology is set up).
         mode: ``auto``, ``hybrid`` or None (a fixed plan: nothing to do).
+        label: how the plan was given, for ``plan.json`` (``ps``, a file...).
     """
 
-    def __init__(self, trainer, mode):
+    def __init__(self, trainer, mode, label=None):
         self.trainer = trainer
         self.mode = mode if mode in MEASURED_MODES else None
+        self.label = mode if self.mode else (label or "fixed")
         self.fabric = None
+        #: The last plan this controller made (None for fixed plans).
         self.plan = None
         self.search = {}
         self._stats = None
@@ -86,28 +89,28 @@ class PlanController:
 
         trainer = self.trainer
         text = None
-        if trainer._is_leader:
+        if trainer.is_leader:
             path = os.path.join(trainer.run_dir, "plan.json")
             try:
                 with open(path, encoding="utf-8") as handle:
                     text = handle.read()
-                if not isinstance(json.loads(text).get("variables"), (list, dict)) or \
-                        "fabric" not in json.loads(text):
-                    text = None  # a fixed per-variable table, not a measured plan
-            except (OSError, ValueError):
+                if json.loads(text).get("search", {}).get("mode") not in MEASURED_MODES:
+                    text = None  # written before the measurement ended
+            except (OSError, ValueError, AttributeError):
                 text = None
         text = trainer.topology.workers.bcast(text, root=0)
         if text is None:
             return False
         self.plan = Plan.from_json(text)
+        self.search = {k: v for k, v in self.plan.search.items() if k != "mode"}
         self.apply(self.plan)
-        trainer._log("resume: plan taken from plan.json (not measured again)")
+        trainer.log("resume: plan taken from plan.json (not measured again)")
         return True
 
     def _begin_measuring(self, first_step):
         from . import SparsityStats
 
-        self._stats = {name: SparsityStats() for name in self.trainer.specs}
+        self._stats = {name: SparsityStats() for name in self.trainer.sync}
         self._measure_until = first_step + self.trainer.config["plan_steps"] - 1
 
     # ---------------------------------------------------------------- steps
@@ -120,7 +123,7 @@ class PlanController:
         for name, stats in self._stats.items():
             local = to_host(ids[name]).astype(np.int64, copy=False)
             union = np.unique(np.concatenate(node_workers.allgather(np.unique(local))))
-            stats.update((local, union), self.trainer.specs[name].rows)
+            stats.update((local, union), self.trainer.sync[name].spec.rows)
 
     def after_step(self, step: int) -> int:
         """Act after ``step``; returns the last step run (searches run steps).
@@ -163,23 +166,25 @@ class PlanController:
 
     def _variables(self, measured):
         trainer = self.trainer
-        out = [{"name": n, "kind": "sparse", "shape": [s.rows, s.dim], "dtype": s.dtype,
-                "alpha": max(measured[n]["alpha"], 1e-12),
+        out = [{"name": n, "kind": "sparse", "shape": [v.spec.rows, v.spec.dim],
+                "dtype": v.spec.dtype, "alpha": max(measured[n]["alpha"], 1e-12),
                 "alpha_node": max(measured[n]["alpha_node"], 1e-12)}
-               for n, s in trainer.specs.items()]
+               for n, v in trainer.sync.variables.items()]
         out += [{"name": n, "kind": "dense", "shape": list(p.shape), "dtype": str(p.dtype)}
                 for n, p in trainer.dense.items()]
         return out
 
     def _decide(self, replanning):
         from ..comm.agreement import check_same
-        from . import Plan, make_plan, predict_all, should_switch
+        from .plan import Plan
+        from .auto import make_plan, should_switch
+        from .cost_model import predict_all
 
         trainer = self.trainer
         topo = trainer.topology
         measured = self._measurements()
         text = None
-        if trainer._is_leader:
+        if trainer.is_leader:
             plan = make_plan(self._variables(measured), self.mode, self._shape(),
                              self.fabric, measurements=measured, search=self.search)
             text = plan.to_json()
@@ -189,53 +194,76 @@ class PlanController:
             for name, entry in plan.variables.items():
                 if entry.kind != "sparse":
                     continue
-                current = trainer.plan[name]["method"]
-                current = "allreduce" if current == "dense" else current
                 spec = next(v for v in self._variables(measured) if v["name"] == name)
                 times = predict_all(spec, self._shape(), self.fabric)
-                if not should_switch(current, times, config_threshold(trainer)):
+                if not should_switch(trainer.sync[name].method, times,
+                                     float(trainer.config["replan_threshold"])):
                     self._keep(entry, name)  # the predicted gain is too small
         self.plan = plan
         self.apply(plan)
-        if trainer._is_leader:
-            plan.save(f"{trainer.run_dir}/plan.json")
-            trainer._log(("re-plan" if replanning else f"plan ({self.mode})")
-                         + f" after {measured[next(iter(measured))]['steps']} measured steps:\n"
-                         + plan.table())
+        trainer.write_plan()
+        trainer.log(("re-plan" if replanning else f"plan ({self.mode})")
+                    + f" after {measured[next(iter(measured))]['steps']} measured steps:\n"
+                    + self.current_plan().table())
 
     def _keep(self, entry, name) -> None:
         """Make ``entry`` describe where ``name`` is now."""
-        trainer = self.trainer
-        method = trainer.plan[name]["method"]
-        entry.method = "allreduce" if method == "dense" else method
+        now = self.trainer.sync[name].describe()
+        entry.method, entry.partitions = now["method"], now["partitions"]
+        entry.owners, entry.local_aggregation = now["owners"], now["local_aggregation"]
         entry.reason = "kept: predicted gain below the re-planning threshold"
-        if method == "ps":
-            var = trainer.ps.variables[name]
-            entry.partitions, entry.owners = var.partitioning.num_parts, list(var.owners)
-            entry.local_aggregation = trainer.ps._aggregates(var)
-        else:
-            entry.partitions, entry.owners, entry.local_aggregation = 1, [], False
 
     def apply(self, plan) -> None:
         """Put every sparse variable where ``plan`` says; **collective** (workers)."""
         trainer = self.trainer
         owners_count = len(trainer.topology.owner_ranks)
         for name, entry in plan.variables.items():
-            if entry.kind != "sparse" or name not in trainer.specs:
+            if entry.kind != "sparse" or name not in trainer.sync.variables:
                 continue
-            method = to_trainer_method(entry.method)
-            if method != trainer.plan[name]["method"]:
-                trainer.switch_method(name, method)
-            if method != "ps":
+            var = trainer.sync[name]
+            if entry.method != var.method:
+                trainer.switch_method(name, entry.method)
+            if entry.method != "ps":
                 continue
             owners = list(entry.owners)
             if len(owners) != entry.partitions or (owners and max(owners) >= owners_count):
                 owners = None  # the plan was made for another layout: balance here
-            var = trainer.ps.variables[name]
-            if (entry.partitions != var.partitioning.num_parts
-                    or (owners is not None and owners != var.owners)):
+            if entry.partitions != var.partitions or (owners is not None and owners != var.owners):
                 trainer.repartition(name, entry.partitions, owners)
-            trainer.ps.set_local_aggregation(name, entry.local_aggregation)
+            var.set_local_aggregation(entry.local_aggregation)
+
+    def current_plan(self):
+        """The plan in force now: every variable as it is, with this controller's evidence.
+
+        Local. Sparse variables are described by their synchronizers (the
+        truth after switches, searches and repartitions); predictions and
+        reasons of the last made plan are kept where the method is unchanged.
+        """
+        from .plan import Plan, VariablePlan
+
+        trainer = self.trainer
+        made = self.plan.variables if self.plan is not None else {}
+        variables = {}
+        for name, var in trainer.sync.variables.items():
+            now = var.describe()
+            prior = made.get(name)
+            same = prior is not None and prior.method == now["method"]
+            variables[name] = VariablePlan(
+                name=name, kind="sparse", shape=(var.spec.rows, var.spec.dim),
+                dtype=str(var.spec.dtype), method=now["method"], partitions=now["partitions"],
+                owners=now["owners"], local_aggregation=now["local_aggregation"],
+                predicted_s=prior.predicted_s if same else None,
+                reason=prior.reason if same else f"plan {self.label}")
+        for name, param in trainer.dense.items():
+            prior = made.get(name)
+            variables[name] = VariablePlan(
+                name=name, kind="dense", shape=tuple(param.shape), dtype=str(param.dtype),
+                method="allreduce", predicted_s=prior.predicted_s if prior else None,
+                reason="dense: allreduce")
+        search = {"mode": self.label, **self.search}
+        return Plan(variables=variables, fabric=self.fabric.to_dict() if self.fabric else None,
+                    measurements=self.plan.measurements if self.plan else {},
+                    topology=self._shape(), search=search)
 
     # ---------------------------------------------------------------- search
     def _search(self, step):
@@ -244,34 +272,21 @@ class PlanController:
 
         trainer, config = self.trainer, self.trainer.config
         per_trial = 2  # warm-up + timed steps of each candidate
-        for name in [n for n, e in trainer.plan.items() if e["method"] == "ps"]:
+        for name in [n for n, v in trainer.sync.variables.items() if v.method == "ps"]:
             budget = config["steps"] - step
             if budget < 3 * per_trial:
-                trainer._log(f"partition search of {name} skipped: {budget} steps left")
+                trainer.log(f"partition search of {name} skipped: {budget} steps left")
                 continue
             result, next_step = search_partitions_live(
                 trainer.ps, name, trainer.loop_step, first_step=step + 1, steps=1, warmup=1,
                 max_measurements=min(8, budget // per_trial))
             step = next_step - 1
-            trainer.plan[name]["partitions"] = result.chosen
             self.search[name] = result.to_dict()
-            trainer._log(f"partition search of {name}: chose {result.chosen} partitions "
-                         f"in {result.search_seconds:.2f} s (samples "
-                         + ", ".join(f"{p}: {t * 1e3:.1f} ms" for p, t in
-                                     sorted(result.samples.items())) + ")")
-            if trainer._loop["stopped"]:
+            trainer.log(f"partition search of {name}: chose {result.chosen} partitions "
+                        f"in {result.search_seconds:.2f} s (samples "
+                        + ", ".join(f"{p}: {t * 1e3:.1f} ms" for p, t in
+                                    sorted(result.samples.items())) + ")")
+            if trainer.stopped:
                 break
-        if self.plan is not None:
-            for name, result in self.search.items():
-                entry = self.plan.variables[name]
-                entry.partitions = result["chosen"]
-                entry.owners = list(trainer.ps.variables[name].owners)
-            self.plan.search.update(self.search)
-            if trainer._is_leader:
-                self.plan.save(f"{trainer.run_dir}/plan.json")
+        trainer.write_plan()
         return step
-
-
-def config_threshold(trainer) -> float:
-    """The re-planning gain threshold of ``trainer``'s config."""
-    return float(trainer.config["replan_threshold"])

@@ -76,6 +76,6 @@ def search_partitions_live(ps, name: str, step_fn, *, first_step: int = 0, steps
         return seconds
 
     result = search_partitions(measure, p0=p0, p_max=p_max, max_measurements=max_measurements)
-    if var.partitioning.num_parts != result.chosen:
+    if var.layout.num_partitions != result.chosen:
         ps.repartition(name, result.chosen)
     return result, state["step"]

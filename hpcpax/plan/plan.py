@@ -25,10 +25,11 @@ import numpy as np
 
 from ..errors import ConfigError
 from ..ps.placement import assign_owners
+from ..sync import METHODS
 
 __all__ = ["METHODS", "KINDS", "VariablePlan", "Plan", "assign_owners", "PLAN_FORMAT"]
 
-METHODS = ("allreduce", "allgather", "ps")
+
 KINDS = ("dense", "sparse")
 PLAN_FORMAT = 1
 

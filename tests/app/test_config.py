@@ -56,7 +56,15 @@ def test_bad_toml_and_cross_model_flags(tmp_path):
 def test_plan_tables(tmp_path):
     config = resolve({"plan": {"embedding": {"method": "allreduce"},
                                "softmax_w": {"method": "ps", "partitions": 4}}})
-    assert config["plan"]["embedding"]["method"] == "dense"
+    assert config["plan"]["embedding"] == {"method": "allreduce", "partitions": None,
+                                           "owners": None, "local_aggregation": None}
     assert config["plan"]["softmax_w"]["partitions"] == 4
     with pytest.raises(ConfigError, match="method"):
         resolve({"plan": {"embedding": {"method": "gossip"}}})
+    # one name per method: a densified sparse table is "allreduce", nowhere "dense"
+    with pytest.raises(ConfigError, match=r"not 'dense' \(a densified sparse table is "
+                                          r"'allreduce'\)"):
+        resolve({"plan": {"embedding": {"method": "dense"}}})
+    with pytest.raises(ConfigError, match=r"not 'dense' \(a densified sparse table is "
+                                          r"'allreduce'\)"):
+        resolve({"plan": "dense"})

@@ -83,7 +83,7 @@ def fixed_ps_40(comm, tmp_path):
 
 
 def switch_around(trainer, step):
-    order = {2: "allgather", 4: "dense", 6: "ps", 8: "dense"}
+    order = {2: "allgather", 4: "allreduce", 6: "ps", 8: "allreduce"}
     if step in order:
         trainer.switch_method("softmax_w", order[step])
 
@@ -93,7 +93,7 @@ def switch_around(trainer, step):
 def test_switching_methods_back_and_forth_is_exact(comm, tmp_path, fixed_ps):
     trainer, _, losses, params = run(comm, tmp_path, "switch", hooks=[switch_around], plan="ps")
     ok = close(params, fixed_ps[1]) and np.allclose(losses, fixed_ps[0], rtol=1e-9)
-    ok &= trainer.topology.is_server or trainer.plan["softmax_w"]["method"] == "dense"
+    ok &= trainer.topology.is_server or trainer.sync["softmax_w"].method == "allreduce"
     assert comm.allreduce(bool(ok), op=MPI.LAND)
 
 

@@ -118,9 +118,9 @@ def repartition_at_2(trainer, step):
 
 @pytest.mark.mpi(min_size=1)
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("plan", ["allgather", "dense", "repartition"])
+@pytest.mark.parametrize("plan", ["allgather", "allreduce", "repartition"])
 def test_sync_methods_train_alike(comm, tmp_path, uninterrupted, plan):
-    """allgather / dense methods and a live repartition give the ps run's losses."""
+    """allgather / allreduce methods and a live repartition give the ps run's losses."""
     hooks = [repartition_at_2] if plan == "repartition" else []
     trainer = Trainer({**TINY, "steps": 6, "run_dir": shared_dir(comm, tmp_path, plan),
                        "plan": "ps" if plan == "repartition" else plan}, comm=comm, hooks=hooks)

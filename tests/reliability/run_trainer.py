@@ -9,6 +9,9 @@ Started by the reliability tests under their own ``mpirun``. Environment:
 - ``RELIABILITY_SETUP_HANG_RANK``: that (worker) rank hangs in its first
   set-up phase (device selection, as a bad GPU would), so the other ranks
   block in the next set-up collective.
+- ``RELIABILITY_CRASH_IN_CHECKPOINT=STEP[:RANK]``: RANK (default the last)
+  dies (``os._exit(9)``) while checkpoint STEP is half written: its files are
+  in the temporary directory, the manifest is not.
 """
 
 import os
@@ -50,6 +53,38 @@ def hang_in_setup():
     hpcpax.app.trainer.select_device = stuck_device
 
 
+def crash_in_checkpoint():
+    spec = os.environ.get("RELIABILITY_CRASH_IN_CHECKPOINT")
+    if not spec:
+        return
+    from hpcpax.app import checkpoint
+
+    crash_step, _, crash_rank = spec.partition(":")
+    world = MPI.COMM_WORLD
+    if int(crash_rank or world.Get_size() - 1) != world.Get_rank():
+        return
+    save = checkpoint.save
+
+    class DiesBeforeReporting:
+        """The run's communicator, but this rank dies where it would report its files."""
+
+        def __init__(self, comm):
+            self._comm = comm
+
+        def __getattr__(self, name):
+            return getattr(self._comm, name)
+
+        def gather(self, *args, **kwargs):
+            os._exit(9)
+
+    def crashing_save(comm, run_dir, step, **kwargs):
+        if int(step) == int(crash_step):
+            comm = DiesBeforeReporting(comm)
+        return save(comm, run_dir, step, **kwargs)
+
+    checkpoint.save = crashing_save
+
+
 if __name__ == "__main__":
     pid_dir = os.environ.get("RELIABILITY_PID_DIR")
     if pid_dir:
@@ -57,4 +92,5 @@ if __name__ == "__main__":
         with open(os.path.join(pid_dir, f"rank{rank}.pid"), "w", encoding="ascii") as handle:
             handle.write(str(os.getpid()))
     hang_in_setup()
+    crash_in_checkpoint()
     sys.exit(main(hooks=hang_hook()))

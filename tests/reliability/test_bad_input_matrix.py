@@ -16,7 +16,7 @@ import hpcpax
 from hpcpax.app.config import resolve
 from hpcpax.data import write_lm
 from hpcpax.errors import ConfigError, DataError, MismatchError, NonFiniteError, SparseIndexError
-from hpcpax.ps.server import ParameterServer, SparseVariableSpec
+from hpcpax import ParameterServer, SparseVariableSpec
 from hpcpax.ps.sparse_grad import SparseGrad
 from hpcpax.app.trainer import Trainer
 

@@ -77,7 +77,7 @@ def test_rank_killed_mid_checkpoint_then_resume_is_bit_identical(tmp_path, unint
     serial_only()
     run_dir = tmp_path / "run"
     args = ["--steps", str(STEPS), "--checkpoint-every", "4", "--run-dir", str(run_dir), *TINY]
-    status, text = run_job(4, args, tmp_path, HPCPAX_TEST_CRASH_IN_CHECKPOINT="8")
+    status, text = run_job(4, args, tmp_path, RELIABILITY_CRASH_IN_CHECKPOINT="8")
     print(f"--- crashed job: exit {status}\n{text[-1500:]}")
     assert status != 0
     assert [s for s, _ in ckpt.list_checkpoints(run_dir)] == [4]

@@ -5,8 +5,9 @@ from mpi4py import MPI
 
 import hpcpax
 from hpcpax.errors import ConfigError
-from hpcpax.ps.server import ParameterServer, SparseVariableSpec
-from hpcpax.ps.memory import default_budget, parse_bytes, table_bytes
+from hpcpax import ParameterServer, SparseVariableSpec
+from hpcpax.options import parse_bytes
+from hpcpax.ps.memory import default_budget, table_bytes
 
 
 def test_parse_bytes():

@@ -1,0 +1,88 @@
+"""What a run reports: one reduced record per step, and the summary at the end.
+
+After each step the workers reduce one small vector (loss x batch, batch,
+preemption flag, phase seconds, cumulative bytes per phase) with one
+``Allreduce``; the first worker turns it into the ``metrics.jsonl`` line.
+At the end every rank's accounting is reduced into ``summary.json``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["TIME_PHASES", "BYTE_PHASES", "reduce_step", "step_record", "summarize",
+           "summary_line"]
+
+#: Wall-time phases of one worker step, in the metrics lines.
+TIME_PHASES = ("data", "pull", "compute", "push", "dense", "optimizer")
+#: Accounting phases whose bytes the metrics lines report (summed over workers).
+BYTE_PHASES = ("pull", "push", "intra_node", "dense", "allgather", "dense_sparse", "control",
+               "repartition")
+_BYTE_FIELDS = ("sent_bytes", "recv_bytes", "sent_inter_bytes")
+
+
+def reduce_step(topology, loss, local_batch, times, flag) -> tuple:
+    """``(mean loss, any flag, mean phase seconds, cumulative bytes [phase, field])``.
+
+    **Collective** over the workers: one ``Allreduce`` of a small vector.
+    """
+    from mpi4py import MPI
+
+    acct = topology.accounting
+    vector = [loss * local_batch, local_batch, float(flag)]
+    vector += [times[p] for p in TIME_PHASES]
+    for phase in BYTE_PHASES:
+        entry = acct.phase(phase)
+        vector += [float(entry[f]) for f in _BYTE_FIELDS]
+    vector = np.array(vector, np.float64)
+    topology.workers.Allreduce(MPI.IN_PLACE, vector, op=MPI.SUM)
+    n = topology.num_workers
+    k = len(TIME_PHASES)
+    mean_times = {p: vector[3 + i] / n for i, p in enumerate(TIME_PHASES)}
+    cumulative = vector[3 + k:].reshape(len(BYTE_PHASES), len(_BYTE_FIELDS))
+    return vector[0] / vector[1], vector[2] > 0, mean_times, cumulative
+
+
+def step_record(step, loss, seconds, global_batch, times, delta) -> dict:
+    """The ``metrics.jsonl`` line of one step (``delta``: this step's bytes)."""
+    return {
+        "step": step, "loss": loss, "samples_per_s": global_batch / seconds, "seconds": seconds,
+        "time": times,
+        "bytes": {phase: {f.replace("_bytes", ""): int(delta[i, j])
+                          for j, f in enumerate(_BYTE_FIELDS)}
+                  for i, phase in enumerate(BYTE_PHASES) if delta[i].any()},
+    }
+
+
+def summarize(topology, losses, *, start_step, last, global_batch, train_seconds, wall,
+              checkpoints, preempted, signal) -> dict:
+    """The run's ``summary.json`` (first worker) from every rank's accounting.
+
+    **Collective** over every rank (the accounting reduce).
+    """
+    totals = topology.accounting.reduce(topology.comm)
+    steps_run = max(0, last - start_step + 1)
+    return {
+        "steps": last, "steps_run": steps_run, "start_step": start_step,
+        "first_loss": losses[0] if losses else None,
+        "final_loss": losses[-1] if losses else None,
+        "mean_samples_per_s": (steps_run * global_batch / train_seconds
+                               if train_seconds else None),
+        "wall_seconds": wall, "train_seconds": train_seconds,
+        "checkpoint_seconds": checkpoints.seconds,
+        "preempted": preempted, "signal": signal,
+        "last_checkpoint": checkpoints.last,
+        "topology": topology.describe(),
+        "phases": totals["phases"], "total": totals["total"],
+    }
+
+
+def summary_line(summary, run_dir) -> str:
+    """The one line the first worker prints at the end of a run."""
+    first, final = summary["first_loss"], summary["final_loss"]
+    return (f"hpcpax.train: {summary['steps_run']} steps in {summary['wall_seconds']:.1f} s"
+            + (f", loss {first:.4f} -> {final:.4f}" if first is not None else "")
+            + (f", {summary['mean_samples_per_s']:,.0f} samples/s"
+               if summary["mean_samples_per_s"] else "")
+            + (f" (preempted by {summary['signal']})" if summary["preempted"] else "")
+            + f"; outputs in {run_dir}")
