@@ -10,11 +10,11 @@ Environment:
 
 from __future__ import annotations
 
-import os
 
 import numpy as np
 
 from .errors import ConfigError, DependencyError
+from .options import options
 
 __all__ = [
     "cupy_module",
@@ -118,13 +118,16 @@ def select_device(local_worker_rank: int = 0, choice: str | None = None) -> Devi
 
     Args:
         local_worker_rank: this worker's index among the workers of its node.
-        choice: ``cpu``, ``gpu`` or ``auto``; default ``$HPCPAX_DEVICE`` or auto.
+        choice: ``cpu``, ``gpu`` or ``auto``; default ``hpcpax.options.device``
+            (``$HPCPAX_DEVICE``, else auto).
 
     Not collective. Server ranks should pass ``choice="cpu"``.
     """
-    choice = (choice or os.environ.get("HPCPAX_DEVICE", "auto")).lower()
-    if choice not in ("cpu", "gpu", "auto"):
-        raise ConfigError(f"HPCPAX_DEVICE must be cpu, gpu or auto, not {choice!r}")
+    if choice is None:
+        choice = options.device
+    elif str(choice).lower() not in ("cpu", "gpu", "auto"):
+        raise ConfigError(f"device must be cpu, gpu or auto, not {choice!r}")
+    choice = choice.lower()
     if choice == "cpu" or (choice == "auto" and not has_gpu()):
         return Device("cpu")
     cp = cupy_module(required=True)

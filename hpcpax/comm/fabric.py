@@ -12,13 +12,12 @@ fusion engine must agree).
 from __future__ import annotations
 
 import math
-import os
 import time
 from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from ..errors import ConfigError
+from ..options import options
 
 __all__ = [
     "Fabric",
@@ -165,19 +164,12 @@ def autotune_bucket_bytes(comm, candidates=BUCKET_CANDIDATES, budget_s=0.3) -> i
 
     **Collective** over ``comm``. Rank 0's choice is broadcast. Cached per
     group of world ranks, so later calls on the same ranks are free.
-    ``$HPCPAX_BUCKET_BYTES`` overrides the measurement.
+    ``hpcpax.options.bucket_bytes`` (``$HPCPAX_BUCKET_BYTES``) overrides the measurement.
     """
     from mpi4py import MPI
 
-    text = os.environ.get("HPCPAX_BUCKET_BYTES", "").strip()
-    if text:
-        try:
-            value = int(text)
-        except ValueError:
-            raise ConfigError(f"HPCPAX_BUCKET_BYTES must be an integer, not {text!r}") from None
-        if value < 1:
-            raise ConfigError(f"HPCPAX_BUCKET_BYTES must be positive, not {value}")
-        return value
+    if options.bucket_bytes is not None:
+        return options.bucket_bytes
     if comm is None or comm.Get_size() == 1:
         return DEFAULT_BUCKET_BYTES
     group = comm.Get_group()

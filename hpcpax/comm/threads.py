@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 
-from ..errors import ConfigError
+from ..options import options
 
 __all__ = ["limit_threads", "usable_cores"]
 
@@ -35,15 +35,10 @@ def limit_threads(ranks_on_node: int) -> int | None:
     Not collective. Uses threadpoolctl for the BLAS pool when it is installed.
     """
     global _LIMITER
-    text = os.environ.get("HPCPAX_THREADS", "").strip()
-    if text:
-        try:
-            threads = int(text)
-        except ValueError:
-            raise ConfigError(f"HPCPAX_THREADS must be an integer, not {text!r}") from None
-        if threads == 0:
-            return None
-    else:
+    threads = options.threads
+    if threads == 0:
+        return None
+    if threads is None:
         threads = max(1, usable_cores() // max(1, int(ranks_on_node)))
     try:
         from threadpoolctl import threadpool_limits  # noqa: PLC0415

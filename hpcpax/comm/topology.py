@@ -14,13 +14,13 @@ same code path, so a script runs unchanged from a laptop to many nodes.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from .accounting import Accounting
 from ..errors import ConfigError, TopologyError
+from ..options import options
 from .threads import limit_threads
 
 __all__ = ["Topology", "init", "world_comm"]
@@ -34,16 +34,6 @@ def world_comm():
     from mpi4py import MPI
 
     return MPI.COMM_WORLD
-
-
-def _env_int(name, default):
-    text = os.environ.get(name)
-    if text is None or text == "":
-        return default
-    try:
-        return int(text)
-    except ValueError:
-        raise ConfigError(f"{name} must be an integer, not {text!r}") from None
 
 
 @dataclass
@@ -180,13 +170,16 @@ def init(ranks_per_node: int | None = None, servers_per_node: int | None = None,
     rank, size = comm.Get_rank(), comm.Get_size()
     check_mpi_world(SlurmEnv.from_environ(), size, rank)
 
+    options.warn_unknown()
     if ranks_per_node is None:
-        ranks_per_node = _env_int("HPCPAX_RANKS_PER_NODE", 0) or None
+        ranks_per_node = options.ranks_per_node
     if ranks_per_node is not None and (not isinstance(ranks_per_node, (int, np.integer))
                                        or ranks_per_node < 1):
         raise ConfigError(f"ranks_per_node must be a positive int, not {ranks_per_node!r}")
     if servers_per_node is None:
-        servers_per_node = _env_int("HPCPAX_SERVERS_PER_NODE", 1 if size > 1 else 0)
+        servers_per_node = options.servers_per_node
+    if servers_per_node is None:
+        servers_per_node = 1 if size > 1 else 0
     if not isinstance(servers_per_node, (int, np.integer)) or servers_per_node < 0:
         raise ConfigError(f"servers_per_node must be an int >= 0, not {servers_per_node!r}")
 

@@ -20,12 +20,11 @@ Environment:
 from __future__ import annotations
 
 import ctypes
-import os
 
 import numpy as np
 
 from ..backend import cupy_module, is_device_array, synchronize
-from ..errors import ConfigError
+from ..options import options
 
 __all__ = [
     "CpuTransport",
@@ -61,11 +60,8 @@ def cuda_aware_mpi() -> bool:
     ctypes in the loaded MPI library; otherwise False. Not collective.
     """
     global _CUDA_AWARE
-    text = os.environ.get("HPCPAX_CUDA_AWARE_MPI", "").strip()
-    if text:
-        if text not in ("0", "1"):
-            raise ConfigError(f"HPCPAX_CUDA_AWARE_MPI must be 0 or 1, not {text!r}")
-        return text == "1"
+    if options.cuda_aware_mpi is not None:
+        return options.cuda_aware_mpi
     if _CUDA_AWARE is None:
         _CUDA_AWARE = _ask_mpi_library()
     return _CUDA_AWARE

@@ -24,7 +24,6 @@ Timeout: the ``timeout`` argument, else ``$HPCPAX_TIMEOUT`` seconds, else
 from __future__ import annotations
 
 import json
-import os
 import sys
 import threading
 import time
@@ -33,6 +32,7 @@ from contextlib import contextmanager
 import numpy as np
 
 from ..errors import ConfigError
+from ..options import options
 
 __all__ = ["Watchdog", "DEFAULT_TIMEOUT", "resolve_timeout"]
 
@@ -45,19 +45,15 @@ _FORWARD_SECONDS = 0.5
 
 
 def resolve_timeout(timeout=None) -> float:
-    """``timeout``, else ``$HPCPAX_TIMEOUT``, else :data:`DEFAULT_TIMEOUT` (seconds; 0 = off)."""
-    source = "timeout"
+    """``timeout``, else ``hpcpax.options.timeout`` (``$HPCPAX_TIMEOUT``, default 600 s; 0 = off)."""
     if timeout is None:
-        text = os.environ.get("HPCPAX_TIMEOUT", "")
-        if not text:
-            return DEFAULT_TIMEOUT
-        source, timeout = "HPCPAX_TIMEOUT", text
+        return float(options.timeout)
     try:
         value = float(timeout)
     except (TypeError, ValueError):
-        raise ConfigError(f"{source} must be a number of seconds, not {timeout!r}") from None
+        raise ConfigError(f"timeout must be a number of seconds, not {timeout!r}") from None
     if not value >= 0:
-        raise ConfigError(f"{source} must be >= 0 seconds, not {timeout!r}")
+        raise ConfigError(f"timeout must be >= 0 seconds, not {timeout!r}")
     return value
 
 

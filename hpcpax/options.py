@@ -1,0 +1,223 @@
+"""Run-time options: every ``HPCPAX_*`` setting in one place (like mpi4py's ``rc``).
+
+Each option has an attribute on :data:`options` and an environment variable
+``HPCPAX_<NAME>``. A value set in code wins; otherwise the environment is
+read *when the option is used* (so a job script's ``export`` and a test's
+``monkeypatch.setenv`` both take effect), else the default::
+
+    import hpcpax
+    hpcpax.options.timeout = 120          # or: export HPCPAX_TIMEOUT=120
+    del hpcpax.options.timeout            # back to the environment / default
+
+A bad value raises :class:`~hpcpax.errors.ConfigError` naming the variable.
+:func:`hpcpax.init` warns once about ``HPCPAX_*`` variables that name no
+option (a typo would otherwise be ignored silently). The table of options is
+:data:`OPTIONS`; the README lists the same.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import warnings
+from dataclasses import dataclass
+from typing import Callable
+
+from .errors import ConfigError
+
+__all__ = ["Option", "OPTIONS", "Options", "options", "parse_bytes", "format_bytes"]
+
+_PREFIX = "HPCPAX_"
+#: Variables the test suite reads itself (not library options; never warned about).
+TEST_VARIABLES = ("HPCPAX_TEST_GPU", "HPCPAX_UPDATE_GOLDEN")
+
+
+def _integer(minimum, unset_at=None):
+    def parse(text):
+        try:
+            value = int(text)
+        except ValueError:
+            raise ValueError(f"an integer >= {minimum}") from None
+        if value < minimum:
+            raise ValueError(f"an integer >= {minimum}")
+        return None if unset_at is not None and value == unset_at else value
+    return parse
+
+
+def _seconds(text):
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError("a number of seconds >= 0") from None
+    if not value >= 0:
+        raise ValueError("a number of seconds >= 0")
+    return value
+
+
+def _switch(text):
+    if text not in ("0", "1"):
+        raise ValueError("0 or 1")
+    return text == "1"
+
+
+def _choice(*choices):
+    def parse(text):
+        if text.lower() not in choices:
+            raise ValueError(", ".join(choices[:-1]) + f" or {choices[-1]}")
+        return text.lower()
+    return parse
+
+
+_SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([kmgt]?)(i?b)?\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+def parse_bytes(value, where="size"):
+    """``"8G"`` -> 8589934592; None stays None; ints pass. ConfigError names ``where``."""
+    if value is None or value == "":
+        return None
+    if (isinstance(value, int) and not isinstance(value, bool)) or (
+            hasattr(value, "dtype") and value.dtype.kind in "iu"):
+        number = int(value)
+    else:
+        match = _SIZE.match(str(value)) if isinstance(value, (str, float)) else None
+        if match is None:
+            raise ConfigError(f"{where} must be a size like 512M or 8G, not {value!r}")
+        number = int(float(match.group(1)) * _UNITS[match.group(2).lower()])
+    if number <= 0:
+        raise ConfigError(f"{where} must be a positive size, not {value!r}")
+    return number
+
+
+def format_bytes(n) -> str:
+    """``3.0 GiB``-style text."""
+    n = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024:
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
+def _bytes(text):
+    try:
+        return parse_bytes(text, "size")
+    except ConfigError:
+        raise ValueError("a positive size such as 512M or 8G") from None
+
+
+@dataclass(frozen=True)
+class Option:
+    """One setting: attribute ``name``, variable ``HPCPAX_<NAME>``, parser and default."""
+
+    name: str
+    parse: Callable[[str], object]
+    default: object
+    help: str
+
+    @property
+    def variable(self) -> str:
+        """The environment variable."""
+        return _PREFIX + self.name.upper()
+
+
+OPTIONS = (
+    Option("device", _choice("cpu", "gpu", "auto"), "auto",
+           "worker device: cpu, gpu or auto (a GPU when CuPy sees one)"),
+    Option("timeout", _seconds, 600.0,
+           "seconds a guarded operation (set-up phase, step, served request) may take before "
+           "the watchdog names the stuck ranks and aborts the job; 0 turns it off"),
+    Option("ranks_per_node", _integer(0, unset_at=0), None,
+           "cut each host into virtual nodes of this many consecutive ranks (0: hosts)"),
+    Option("servers_per_node", _integer(0), None,
+           "parameter-server ranks per node (default 1 with several ranks, else 0)"),
+    Option("threads", _integer(0), None,
+           "BLAS and Numba threads per rank (0: leave the libraries' own; default: the "
+           "host's cores / ranks on the host)"),
+    Option("server_memory", _bytes, None,
+           "bytes of sparse rows and optimizer state one owner rank may hold (default: "
+           "80 % of available memory / ranks on the host)"),
+    Option("bucket_bytes", _integer(1), None,
+           "dense allreduce fusion size, skipping the autotune"),
+    Option("cuda_aware_mpi", _switch, None,
+           "1/0: the MPI library does/does not take GPU buffers (default: ask the library)"),
+    Option("numba", _switch, True, "0: NumPy reference kernels instead of the Numba ones"),
+    Option("numba_threads", _integer(1), None,
+           "Numba threads of the parallel kernels (default: as for threads)"),
+    Option("numba_serial_below", _integer(0), 1 << 20,
+           "elements below which a Numba kernel runs on one thread"),
+)
+_BY_NAME = {option.name: option for option in OPTIONS}
+
+
+class Options:
+    """The attribute view of :data:`OPTIONS`; use the module's :data:`options`."""
+
+    def __init__(self):
+        object.__setattr__(self, "_values", {})
+        object.__setattr__(self, "_warned", False)
+
+    @staticmethod
+    def _option(name) -> Option:
+        try:
+            return _BY_NAME[name]
+        except KeyError:
+            raise AttributeError(f"hpcpax has no option {name!r}; options: "
+                                 f"{sorted(_BY_NAME)}") from None
+
+    def __getattr__(self, name):
+        option = self._option(name)
+        if name in self._values:
+            return self._values[name]
+        text = os.environ.get(option.variable, "").strip()
+        if not text:
+            return option.default
+        try:
+            return option.parse(text)
+        except ValueError as exc:
+            raise ConfigError(f"{option.variable} must be {exc}, not {text!r}") from None
+
+    def __setattr__(self, name, value):
+        option = self._option(name)
+        if value is None:
+            self._values.pop(name, None)
+            return
+        try:
+            parsed = option.parse(str(int(value) if isinstance(value, bool) else value))
+        except ValueError as exc:
+            raise ConfigError(f"hpcpax.options.{name} must be {exc}, not {value!r}") from None
+        self._values[name] = parsed
+
+    def __delattr__(self, name):
+        self._option(name)
+        self._values.pop(name, None)
+
+    def source(self, name) -> str:
+        """Where ``name``'s value comes from: ``code``, ``environment`` or ``default``."""
+        option = self._option(name)
+        if name in self._values:
+            return "code"
+        return "environment" if os.environ.get(option.variable, "").strip() else "default"
+
+    def as_dict(self) -> dict:
+        """Every option's current value."""
+        return {option.name: getattr(self, option.name) for option in OPTIONS}
+
+    def unknown_variables(self, environ=None) -> list:
+        """``HPCPAX_*`` names in the environment that are no option (typos)."""
+        environ = os.environ if environ is None else environ
+        known = {option.variable for option in OPTIONS} | set(TEST_VARIABLES)
+        return sorted(k for k in environ if k.startswith(_PREFIX) and k not in known)
+
+    def warn_unknown(self) -> None:
+        """Warn once per process about :meth:`unknown_variables`."""
+        unknown = self.unknown_variables()
+        if unknown and not self._warned:
+            object.__setattr__(self, "_warned", True)
+            warnings.warn(f"unknown hpcpax environment variable(s) {', '.join(unknown)} "
+                          f"ignored; known: {', '.join(o.variable for o in OPTIONS)}",
+                          stacklevel=2)
+
+
+#: The options of this process.
+options = Options()
