@@ -24,14 +24,10 @@ the algorithm, with ``B`` = the tensor's bytes on the wire and ``n`` workers:
   leader receives ``(k-1) B`` and sends ``(k-1) B`` intra-node and runs the
   ring above among the ``L`` leaders, inter-node.
 
-Reduced-precision wire (``wire_dtype``): floating tensors are rounded to
-float16 or bfloat16 (bfloat16 emulated on ``uint16`` bits, round to nearest
-even), summed by a user-defined MPI op that adds in float32 and rounds back to
-the wire type after every addition, and widened to the tensor's dtype. With
-``u = 2**-11`` (float16) or ``2**-8`` (bfloat16) and ``n`` workers, each
-element of the sum satisfies ``|result - exact| <= n * u * sum_r |x_r|``
-(one rounding per input and per addition; see :func:`wire_error_bound` for
-the subnormal floor), and float16 overflows to inf beyond 65504. Integer tensors always travel exactly.
+Reduced-precision wire (``wire_dtype``): floating tensors travel as float16 or
+bfloat16 with a documented error bound (:mod:`hpcpax.comm.wire`); integer
+tensors always travel exactly. Packing into fusion buffers:
+:mod:`hpcpax.comm.fusion`.
 """
 
 from __future__ import annotations
@@ -41,114 +37,15 @@ from collections import deque
 
 import numpy as np
 
-from .accounting import ring_allreduce_bytes
 from ..backend import array_module, is_device_array
-from .agreement import check_same
 from ..errors import ConfigError
+from .accounting import ring_allreduce_bytes
+from .agreement import check_same
+from .fusion import FusionBuffers, build_buckets, parse_tensors
 from .transport import make_transport
+from .wire import WIRE_DTYPES, wire_op
 
-__all__ = ["DenseAllreduce", "WIRE_DTYPES", "bfloat16_decode", "bfloat16_encode",
-           "wire_error_bound"]
-
-#: Unit roundoff of each reduced-precision wire type.
-WIRE_DTYPES = {"float16": 2.0 ** -11, "bfloat16": 2.0 ** -8}
-SUPPORTED_DTYPES = ("float16", "float32", "float64", "int32", "int64")
-_USER_OPS = {}
-
-
-def bfloat16_encode(x):
-    """float32 array -> ``uint16`` bfloat16 bits, round to nearest even (NumPy or CuPy)."""
-    xp = array_module(x)
-    bits = xp.ascontiguousarray(x, dtype=xp.float32).view(xp.uint32)
-    rounding = ((bits >> 16) & 1) + xp.uint32(0x7FFF)
-    out = ((bits + rounding) >> 16).astype(xp.uint16)
-    return xp.where(xp.isnan(x), xp.uint16(0x7FC0), out)
-
-
-def bfloat16_decode(bits):
-    """``uint16`` bfloat16 bits -> float32 array (exact)."""
-    xp = array_module(bits)
-    return (bits.astype(xp.uint32) << 16).view(xp.float32)
-
-
-#: Half the spacing of the wire type's subnormals: the absolute error floor of one rounding.
-WIRE_TINY = {"float16": 2.0 ** -25, "bfloat16": 2.0 ** -134}
-
-
-def wire_error_bound(wire_dtype, num_ranks, abs_sum):
-    """Documented bound on ``|result - exact|`` of a reduced-precision sum.
-
-    ``num_ranks * (u * abs_sum + tiny)``: one rounding of each input and one
-    per addition, each at most ``u`` times a partial sum bounded by
-    ``abs_sum``, or ``tiny`` (half a subnormal step) near zero.
-
-    Args:
-        wire_dtype: ``"float16"`` or ``"bfloat16"``.
-        num_ranks: ranks contributing.
-        abs_sum: ``sum_r |x_r|`` elementwise (array or float).
-    """
-    return num_ranks * (WIRE_DTYPES[wire_dtype] * abs_sum + WIRE_TINY[wire_dtype])
-
-
-def _sum_float16(inbuf, inoutbuf, datatype):
-    a = np.frombuffer(inbuf, np.float16)
-    b = np.frombuffer(inoutbuf, np.float16)
-    np.add(a, b, out=b, dtype=np.float32)
-
-
-def _sum_bfloat16(inbuf, inoutbuf, datatype):
-    a = np.frombuffer(inbuf, np.uint16)
-    b = np.frombuffer(inoutbuf, np.uint16)
-    b[...] = bfloat16_encode(bfloat16_decode(a) + bfloat16_decode(b))
-
-
-def _wire_op(wire_dtype):
-    """The MPI sum for ``uint16``-carried wire values, created once per process."""
-    from mpi4py import MPI
-
-    if wire_dtype is None:
-        return MPI.SUM
-    if wire_dtype not in _USER_OPS:
-        function = _sum_float16 if wire_dtype == "float16" else _sum_bfloat16
-        _USER_OPS[wire_dtype] = MPI.Op.Create(function, commute=True)
-    return _USER_OPS[wire_dtype]
-
-
-def _parse_tensors(tensors):
-    """-> (names, shapes, dtypes) from a dict or a list of (shape, dtype) or arrays."""
-    if isinstance(tensors, dict):
-        items = list(tensors.items())
-    elif isinstance(tensors, (list, tuple)):
-        items = [(str(i), spec) for i, spec in enumerate(tensors)]
-    else:
-        raise TypeError(f"tensors must be a dict or a list, not {type(tensors).__name__}")
-    names, shapes, dtypes = [], [], []
-    for name, spec in items:
-        if not isinstance(name, str):
-            raise TypeError(f"tensor names must be str, not {type(name).__name__}")
-        if hasattr(spec, "shape") and hasattr(spec, "dtype"):
-            shape, dtype = spec.shape, spec.dtype
-        elif isinstance(spec, (list, tuple)) and len(spec) == 2:
-            shape, dtype = spec
-        else:
-            raise TypeError(f"tensor {name!r} must be (shape, dtype) or an array, not {spec!r}")
-        shape = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
-        if not all(isinstance(d, (int, np.integer)) and d >= 0 for d in shape):
-            raise ValueError(f"shape of tensor {name!r} must be non-negative ints, not {shape}")
-        try:
-            dtype = np.dtype(dtype)
-        except TypeError:
-            raise TypeError(f"dtype of tensor {name!r} must be a NumPy dtype, not {dtype!r}") from None
-        if dtype.name not in SUPPORTED_DTYPES:
-            raise TypeError(f"dtype of tensor {name!r} must be one of {SUPPORTED_DTYPES}, "
-                            f"not {dtype.name}")
-        names.append(name)
-        shapes.append(tuple(int(d) for d in shape))
-        dtypes.append(dtype)
-    if len(set(names)) != len(names):
-        raise ValueError("tensor names must be unique")
-    return names, shapes, dtypes
-
+__all__ = ["DenseAllreduce", "DIRECT_BYTES"]
 
 #: Default of ``DenseAllreduce(direct_bytes=...)``: tensors this large are
 #: reduced in place instead of packed (latency is already amortized there).
@@ -204,7 +101,7 @@ class DenseAllreduce:
             raise TypeError(f"hierarchical must be bool, not {type(hierarchical).__name__}")
         if not isinstance(max_in_flight, int) or max_in_flight < 1:
             raise ValueError(f"max_in_flight must be a positive int, not {max_in_flight!r}")
-        names, shapes, dtypes = _parse_tensors(tensors)
+        names, shapes, dtypes = parse_tensors(tensors)
         if op == "mean":
             ints = [n for n, d in zip(names, dtypes) if d.kind != "f"]
             if ints:
@@ -234,10 +131,16 @@ class DenseAllreduce:
 
                 bucket_bytes = autotune_bucket_bytes(self.comm)
         self.bucket_bytes = int(bucket_bytes)
-        self._build_buckets()
+        self._buckets = build_buckets(self.dtypes, self.sizes, wire_dtype, self.bucket_bytes,
+                                      self.direct_bytes)
+        self._op = wire_op(wire_dtype)
+        from mpi4py import MPI
+
+        for bucket in self._buckets:
+            bucket["op"] = self._op if bucket["reduced"] else MPI.SUM
+        self._fusion = FusionBuffers(self._buckets, self.shapes, wire_dtype)
         self._account = self._bytes_per_tensor()
         self._account_group = None
-        self._buffers = {}
         self._pending = None
 
     # ---- set-up ---------------------------------------------------------
@@ -275,36 +178,6 @@ class DenseAllreduce:
         self.node_comm = self.leader_comm = None
         self.leader_world_ranks = [0]
         self.accounting = accounting
-
-    def _build_buckets(self):
-        """Group tensors by wire dtype, in registration order, up to ``bucket_bytes``."""
-        open_buckets, buckets = {}, []
-        for index, (dtype, size) in enumerate(zip(self.dtypes, self.sizes)):
-            if size == 0:
-                continue
-            reduced = self.wire_dtype is not None and dtype.kind == "f"
-            wire = np.dtype(np.uint16) if reduced else dtype
-            if not reduced and size * dtype.itemsize >= self.direct_bytes:
-                buckets.append({"wire": wire, "reduced": False, "elements": size,
-                                "members": [(index, 0, size)], "first": index, "direct": True})
-                continue
-            key = "wire" if reduced else dtype.name
-            bucket = open_buckets.get(key)
-            if bucket is not None and (bucket["elements"] + size) * wire.itemsize > self.bucket_bytes:
-                bucket = None
-            if bucket is None:
-                bucket = {"wire": wire, "reduced": reduced, "elements": 0, "members": [],
-                          "first": index, "direct": False}
-                open_buckets[key] = bucket
-                buckets.append(bucket)
-            bucket["members"].append((index, bucket["elements"], size))
-            bucket["elements"] += size
-        self._buckets = sorted(buckets, key=lambda b: b["first"])
-        self._op = _wire_op(self.wire_dtype)
-        from mpi4py import MPI
-
-        for bucket in self._buckets:
-            bucket["op"] = self._op if bucket["reduced"] else MPI.SUM
 
     @property
     def buckets(self) -> list:
@@ -373,67 +246,9 @@ class DenseAllreduce:
                                      f"{getattr(a, 'dtype', '')}")
         return arrays, bool(arrays) and is_device_array(arrays[0])
 
-    def _bucket_buffers(self, xp, on_device):
-        """Fusion buffers for this device, and each tensor's reshaped view into them."""
-        key = "gpu" if on_device else "cpu"
-        if on_device:
-            key += str(xp.cuda.Device().id)
-        if key not in self._buffers:
-            buffers, views = [], []
-            for bucket in self._buckets:
-                if bucket["direct"]:
-                    buffers.append(None)
-                    views.append(None)
-                    continue
-                buffer = xp.empty(bucket["elements"], bucket["wire"])
-                buffers.append(buffer)
-                views.append([buffer[offset:offset + size].reshape(self.shapes[index])
-                              for index, offset, size in bucket["members"]])
-            self._buffers[key] = (buffers, views)
-        return self._buffers[key]
-
-    def _direct_buffer(self, bucket, arrays, xp):
-        """The tensor itself as a flat buffer, or a contiguous copy of it."""
-        array = arrays[bucket["members"][0][0]]
-        if not array.flags.c_contiguous:
-            array = xp.ascontiguousarray(array)  # copied back in _unpack
-        return array.reshape(-1)
-
-    def _pack(self, bucket, buffer, views, arrays, xp):
-        members = bucket["members"]
-        if not bucket["reduced"]:
-            if len(members) > 1:  # one C call instead of one copy per tensor
-                xp.concatenate([arrays[index].reshape(-1) for index, _, _ in members], out=buffer)
-            else:
-                xp.copyto(views[0], arrays[members[0][0]])
-            return
-        for (index, offset, size), view in zip(members, views):
-            if self.wire_dtype == "float16":
-                xp.copyto(view.view(xp.float16), arrays[index], casting="unsafe")
-            else:
-                buffer[offset:offset + size] = bfloat16_encode(
-                    arrays[index].reshape(-1).astype(xp.float32, copy=False))
-
-    def _unpack(self, bucket, buffer, views, arrays, xp):
-        divide = self.op == "mean" and self.num_workers > 1
-        if bucket["direct"]:
-            target = arrays[bucket["members"][0][0]]
-            if divide:
-                buffer /= self.num_workers
-            if not xp.shares_memory(buffer, target):
-                xp.copyto(target, buffer.reshape(target.shape))
-            return
-        if divide and not bucket["reduced"]:
-            buffer /= self.num_workers  # once per bucket, not once per tensor
-            divide = False
-        for (index, _, _), view in zip(bucket["members"], views):
-            if bucket["reduced"]:
-                view = (view.view(xp.float16) if self.wire_dtype == "float16"
-                        else bfloat16_decode(view))
-            target = arrays[index]
-            xp.copyto(target, view, casting="unsafe")
-            if divide:
-                target /= self.num_workers
+    def _divisor(self):
+        """What a reduced sum is divided by: the workers for ``mean``, else None."""
+        return self.num_workers if self.op == "mean" and self.num_workers > 1 else None
 
     def _issue(self, bucket, buffer, transport):
         if not self.hierarchical:
@@ -447,7 +262,7 @@ class DenseAllreduce:
             if self.leader_comm is not None and self.leader_comm.Get_size() > 1:
                 transport.allreduce(self.leader_comm, buffer, bucket["op"])
             transport.bcast(self.node_comm, buffer, root=0)
-        self._unpack(bucket, buffer, views, arrays, xp)
+        self._fusion.unpack(bucket, buffer, views, arrays, xp, self._divisor())
 
     def _prepare(self, grads):
         """Checked arrays, their module, the transport and the fusion buffers."""
@@ -455,7 +270,7 @@ class DenseAllreduce:
         xp = array_module(arrays[0]) if arrays else np
         transport = make_transport("gpu" if on_device else "cpu",
                                    cuda_aware=False if on_device and self.wire_dtype else None)
-        buffers, views = self._bucket_buffers(xp, on_device)
+        buffers, views = self._fusion.buffers(xp, on_device)
         return arrays, xp, transport, buffers, views
 
     def start(self, grads):
@@ -474,9 +289,9 @@ class DenseAllreduce:
         in_flight = deque()
         for bucket, buffer, bucket_views in zip(self._buckets, buffers, views):
             if bucket["direct"]:
-                buffer = self._direct_buffer(bucket, arrays, xp)
+                buffer = self._fusion.direct(bucket, arrays, xp)
             else:
-                self._pack(bucket, buffer, bucket_views, arrays, xp)
+                self._fusion.pack(bucket, buffer, bucket_views, arrays, xp)
             in_flight.append((bucket, buffer, bucket_views,
                               self._issue(bucket, buffer, transport)))
             if len(in_flight) > self.max_in_flight:
@@ -529,9 +344,9 @@ class DenseAllreduce:
         arrays, xp, transport, buffers, views = self._prepare(grads)
         for bucket, buffer, bucket_views in zip(self._buckets, buffers, views):
             if bucket["direct"]:
-                buffer = self._direct_buffer(bucket, arrays, xp)
+                buffer = self._fusion.direct(bucket, arrays, xp)
             else:
-                self._pack(bucket, buffer, bucket_views, arrays, xp)
+                self._fusion.pack(bucket, buffer, bucket_views, arrays, xp)
             if not self.hierarchical:
                 transport.allreduce(self.comm, buffer, bucket["op"])
             else:
@@ -539,6 +354,6 @@ class DenseAllreduce:
                 if self.leader_comm is not None and self.leader_comm.Get_size() > 1:
                     transport.allreduce(self.leader_comm, buffer, bucket["op"])
                 transport.bcast(self.node_comm, buffer, root=0)
-            self._unpack(bucket, buffer, bucket_views, arrays, xp)
+            self._fusion.unpack(bucket, buffer, bucket_views, arrays, xp, self._divisor())
         self._account_step(time.perf_counter() - begin)
         return grads

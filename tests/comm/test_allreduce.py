@@ -1,24 +1,18 @@
 """DenseAllreduce: sums and means against NumPy, fusion, wire dtypes, hierarchy, bytes."""
 
-import os
-
 import numpy as np
 import pytest
 from mpi4py import MPI
 
 import hpcpax
-from hpcpax.comm.allreduce import (DenseAllreduce, bfloat16_decode, bfloat16_encode,
-                              wire_error_bound)
-from hpcpax.backend import has_gpu
+from hpcpax.comm.allreduce import DenseAllreduce
+from hpcpax.comm.wire import bfloat16_decode, bfloat16_encode, wire_error_bound
 from hpcpax.errors import ConfigError, MismatchError
 
 WORLD = MPI.COMM_WORLD
 SHAPES = [(), (0,), (1,), (7,), (3, 4), (2, 3, 5), (1000,), (0, 3), (65, 33)]
 DTYPES = ["float32", "float64", "int32", "int64", "float16"]
 
-
-def _all(comm, ok):
-    return comm.allreduce(bool(ok), op=MPI.LAND)
 
 
 @pytest.fixture
@@ -55,7 +49,7 @@ def _reference(spec, size, integer=True, seed=0):
 
 
 @pytest.mark.parametrize("bucket_bytes", [1, 256, 1 << 20])
-def test_sum_equals_numpy(topo, bucket_bytes):
+def test_sum_equals_numpy(topo, bucket_bytes, all_ok):
     spec = _spec()
     n = topo.num_workers
     grads = _data(spec, topo.worker_index)
@@ -66,10 +60,10 @@ def test_sum_equals_numpy(topo, bucket_bytes):
     for name, (shape, dtype) in spec.items():
         ok &= out[name].dtype == np.dtype(dtype) and out[name].shape == tuple(np.empty(shape).shape)
         ok &= np.array_equal(out[name], expect[name].astype(dtype))
-    assert _all(topo.workers, ok)
+    assert all_ok(topo.workers, ok)
 
 
-def test_mean_equals_numpy(topo):
+def test_mean_equals_numpy(topo, all_ok):
     spec = _spec(dtypes=["float32", "float64"])
     grads = _data(spec, topo.worker_index, integer=False, seed=3)
     dense = DenseAllreduce(topo, spec, op="mean", bucket_bytes=4096)
@@ -79,10 +73,10 @@ def test_mean_equals_numpy(topo):
     for name, (_, dtype) in spec.items():
         rtol = 1e-5 if dtype == "float32" else 1e-12
         ok &= np.allclose(grads[name], expect[name] / topo.num_workers, rtol=rtol, atol=rtol)
-    assert _all(topo.workers, ok)
+    assert all_ok(topo.workers, ok)
 
 
-def test_fused_equals_unfused_bit_for_bit(topo):
+def test_fused_equals_unfused_bit_for_bit(topo, all_ok):
     """float64 sum: one bucket, small buckets and one MPI_Allreduce per tensor agree exactly."""
     spec = _spec(dtypes=["float64"])
     results = []
@@ -98,7 +92,7 @@ def test_fused_equals_unfused_bit_for_bit(topo):
         topo.workers.Allreduce(MPI.IN_PLACE, grads[name])
     results.append(grads)
     ok = all(np.array_equal(r[n], results[0][n]) for r in results for n in spec)
-    assert _all(topo.workers, ok)
+    assert all_ok(topo.workers, ok)
 
 
 def test_buckets_follow_registration_order_and_size(topo):
@@ -111,7 +105,7 @@ def test_buckets_follow_registration_order_and_size(topo):
 
 @pytest.mark.parametrize("wire", ["float16", "bfloat16"])
 @pytest.mark.parametrize("op", ["sum", "mean"])
-def test_wire_dtype_within_bound(topo, wire, op):
+def test_wire_dtype_within_bound(topo, wire, op, all_ok):
     spec = {"w": ((50, 40), "float32"), "b": ((17,), "float64"), "i": ((9,), "int32"),
             "s": ((), "float32")}
     if op == "mean":
@@ -130,7 +124,7 @@ def test_wire_dtype_within_bound(topo, wire, op):
         bound = wire_error_bound(wire, n, np.sum(np.abs(parts), axis=0)) * 1.0001
         divide = n if op == "mean" else 1
         ok &= bool(np.all(np.abs(grads[name] - exact / divide) <= bound / divide + 1e-7 * abs(exact)))
-    assert _all(topo.workers, ok)
+    assert all_ok(topo.workers, ok)
 
 
 def test_bfloat16_rounding():
@@ -146,7 +140,7 @@ def test_bfloat16_rounding():
 
 
 @pytest.mark.parametrize("ranks_per_node", [1, 2, 3])
-def test_hierarchical_equals_flat(ranks_per_node):
+def test_hierarchical_equals_flat(ranks_per_node, all_ok):
     topo = hpcpax.init(ranks_per_node=ranks_per_node, servers_per_node=0)
     try:
         spec = _spec(dtypes=["float64", "int64", "float32"])
@@ -158,7 +152,7 @@ def test_hierarchical_equals_flat(ranks_per_node):
         ok = all(np.array_equal(flat[n], hier[n]) for n in spec)
         expect = _reference(spec, topo.num_workers)
         ok &= all(np.array_equal(hier[n], expect[n].astype(spec[n][1])) for n in spec)
-        assert _all(topo.comm, ok)
+        assert all_ok(topo.comm, ok)
     finally:
         topo.free()
 
@@ -176,13 +170,13 @@ def _ring(ranks, me, node_of, nbytes):
 
 @pytest.mark.parametrize("hierarchical", [False, True])
 @pytest.mark.parametrize("servers_per_node", [0, 1])
-def test_bytes_follow_the_formula(hierarchical, servers_per_node):
+def test_bytes_follow_the_formula(hierarchical, servers_per_node, all_ok):
     if servers_per_node and WORLD.Get_size() < 2:
         pytest.skip("a server needs a second rank")
     topo = hpcpax.init(ranks_per_node=2, servers_per_node=servers_per_node)
     try:
         if topo.is_server:
-            assert _all(topo.comm, True)
+            assert all_ok(topo.comm, True)
             return
         spec = {"w": ((33, 10), "float32"), "b": ((5,), "float64"), "n": ((3,), "int32")}
         dense = DenseAllreduce(topo, spec, op="sum", hierarchical=hierarchical, bucket_bytes=1024)
@@ -217,7 +211,7 @@ def test_bytes_follow_the_formula(hierarchical, servers_per_node):
                                                 phase["sent_inter_bytes"],
                                                 phase["recv_inter_bytes"]]))
         ok &= sums[0] == sums[1] and sums[2] == sums[3]
-        assert _all(topo.comm, ok)
+        assert all_ok(topo.comm, ok)
     finally:
         topo.free()
 
@@ -276,7 +270,7 @@ def test_bad_arguments_before_communication(topo):
         dense.wait()
 
 
-def test_start_wait_overlap_and_list_registration(topo):
+def test_start_wait_overlap_and_list_registration(topo, all_ok):
     arrays = [np.full((64, 64), topo.worker_index + 1.0), np.arange(10.0)]
     dense = DenseAllreduce(topo.workers, arrays, op="mean", bucket_bytes=4096, max_in_flight=1)
     assert dense.accounting is None  # a bare communicator counts nothing
@@ -289,7 +283,7 @@ def test_start_wait_overlap_and_list_registration(topo):
     n = topo.num_workers
     ok = out is grads and busy > 0
     ok &= np.all(grads[0] == (n + 1) / 2) and np.array_equal(grads[1], np.arange(10.0))
-    assert _all(topo.workers, ok)
+    assert all_ok(topo.workers, ok)
 
 
 def test_single_process_without_comm():
@@ -310,19 +304,11 @@ def test_server_rank_cannot_allreduce():
         topo.free()
 
 
-def _need_gpu():
-    if has_gpu():
-        return
-    if os.environ.get("HPCPAX_TEST_GPU") == "1":
-        pytest.fail("HPCPAX_TEST_GPU=1 but no CUDA device is visible")
-    pytest.skip("no GPU")
-
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("wire", [None, "float16", "bfloat16"])
 @pytest.mark.parametrize("aware", ["0", "auto"])
-def test_cupy_matches_numpy(topo, monkeypatch, wire, aware):
-    _need_gpu()
+def test_cupy_matches_numpy(topo, monkeypatch, wire, aware, all_ok, need_gpu):
     import cupy
 
     if aware == "0":
@@ -334,4 +320,4 @@ def test_cupy_matches_numpy(topo, monkeypatch, wire, aware):
     out = DenseAllreduce(topo, spec, op="mean", wire_dtype=wire, bucket_bytes=4096).allreduce(device)
     ok = all(isinstance(out[n], cupy.ndarray) and np.array_equal(out[n].get(), host[n])
              for n in spec)
-    assert _all(topo.workers, ok)
+    assert all_ok(topo.workers, ok)

@@ -11,9 +11,6 @@ from hpcpax.comm.fabric import (BUCKET_CANDIDATES, DEFAULT_BUCKET_BYTES, Fabric,
                            autotune_bucket_bytes, default_fabric, fit_link_model, measure_fabric)
 
 
-def _all(comm, ok):
-    return comm.allreduce(bool(ok), op=MPI.LAND)
-
 
 def test_fit_recovers_exact_alpha_beta():
     sizes = [8, 1024, 65536, 1 << 20]
@@ -50,16 +47,16 @@ def _finite_positive(fabric):
 
 
 @pytest.mark.parametrize("ranks_per_node", [None, 1, 2])
-def test_measure_fabric_agreed_and_positive(ranks_per_node):
+def test_measure_fabric_agreed_and_positive(ranks_per_node, all_ok):
     topo = hpcpax.init(ranks_per_node=ranks_per_node, servers_per_node=0)
     try:
         begin = MPI.Wtime()
         fabric = measure_fabric(topo, budget_s=0.5)
         elapsed = MPI.Wtime() - begin
         everyone = topo.comm.allgather(fabric.to_dict())
-        assert _all(topo.comm, all(d == everyone[0] for d in everyone))
-        assert _all(topo.comm, _finite_positive(fabric))
-        assert _all(topo.comm, elapsed < 10.0)  # budget 0.5 s; generous on a busy CI box
+        assert all_ok(topo.comm, all(d == everyone[0] for d in everyone))
+        assert all_ok(topo.comm, _finite_positive(fabric))
+        assert all_ok(topo.comm, elapsed < 10.0)  # budget 0.5 s; generous on a busy CI box
         if topo.size > 1 and topo.num_nodes == 1:
             assert fabric.inter == fabric.intra  # one node: the inter link is the intra one
         if topo.size == 1:
@@ -68,14 +65,14 @@ def test_measure_fabric_agreed_and_positive(ranks_per_node):
         topo.free()
 
 
-def test_measure_fabric_with_servers():
+def test_measure_fabric_with_servers(all_ok):
     if MPI.COMM_WORLD.Get_size() < 2:
         pytest.skip("needs a server and a worker")
     topo = hpcpax.init(servers_per_node=1)
     try:
         fabric = measure_fabric(topo, budget_s=0.3)
         everyone = topo.comm.allgather(fabric.to_dict())
-        assert _all(topo.comm, all(d == everyone[0] for d in everyone) and _finite_positive(fabric))
+        assert all_ok(topo.comm, all(d == everyone[0] for d in everyone) and _finite_positive(fabric))
     finally:
         topo.free()
 
@@ -85,12 +82,12 @@ def test_measure_fabric_rejects_bad_budget():
         measure_fabric(None, budget_s=0)
 
 
-def test_autotune_bucket_bytes_agreed():
+def test_autotune_bucket_bytes_agreed(all_ok):
     comm = MPI.COMM_WORLD.Dup()
     try:
         best = autotune_bucket_bytes(comm, budget_s=0.1)
-        assert _all(comm, best in BUCKET_CANDIDATES or best == DEFAULT_BUCKET_BYTES)
-        assert _all(comm, len(set(comm.allgather(best))) == 1)
+        assert all_ok(best in BUCKET_CANDIDATES or best == DEFAULT_BUCKET_BYTES)
+        assert all_ok(len(set(comm.allgather(best))) == 1)
         assert autotune_bucket_bytes(comm) == best  # cached, no new measurement
     finally:
         comm.Free()

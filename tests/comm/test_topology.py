@@ -10,9 +10,6 @@ from hpcpax.errors import ConfigError, TopologyError
 WORLD = MPI.COMM_WORLD
 
 
-def _all(ok):
-    return WORLD.allreduce(bool(ok), op=MPI.LAND)
-
 
 def _members(comm):
     """World ranks of a communicator, ascending (collective over it)."""
@@ -73,7 +70,7 @@ def _check_invariants(topo, ranks_per_node, servers_per_node):
 
 @pytest.mark.parametrize("servers_per_node", [0, 1])
 @pytest.mark.parametrize("ranks_per_node", [None, 1, 2, 3])
-def test_layout_invariants(ranks_per_node, servers_per_node):
+def test_layout_invariants(ranks_per_node, servers_per_node, all_ok):
     size = WORLD.Get_size()
     if not _layout_possible(size, ranks_per_node, servers_per_node):
         with pytest.raises(TopologyError):
@@ -81,25 +78,25 @@ def test_layout_invariants(ranks_per_node, servers_per_node):
         return
     topo = hpcpax.init(ranks_per_node=ranks_per_node, servers_per_node=servers_per_node)
     try:
-        assert _all(_check_invariants(topo, ranks_per_node, servers_per_node))
+        assert all_ok(_check_invariants(topo, ranks_per_node, servers_per_node))
     finally:
         topo.free()
 
 
-def test_default_servers_per_node():
+def test_default_servers_per_node(all_ok):
     size = WORLD.Get_size()
     topo = hpcpax.init()
     try:
-        assert _all(len(topo.server_ranks) == (1 if size > 1 else 0))
+        assert all_ok(len(topo.server_ranks) == (1 if size > 1 else 0))
     finally:
         topo.free()
 
 
-def test_ranks_per_node_from_environment(monkeypatch):
+def test_ranks_per_node_from_environment(monkeypatch, all_ok):
     monkeypatch.setenv("HPCPAX_RANKS_PER_NODE", "2")
     topo = hpcpax.init(servers_per_node=0)
     try:
-        assert _all(list(topo.node_of) == _expected_nodes(WORLD.Get_size(), 2))
+        assert all_ok(list(topo.node_of) == _expected_nodes(WORLD.Get_size(), 2))
     finally:
         topo.free()
     monkeypatch.setenv("HPCPAX_RANKS_PER_NODE", "two")

@@ -1,7 +1,5 @@
 """Transports: CPU path everywhere, GPU paths where a device exists."""
 
-import os
-
 import numpy as np
 import pytest
 from mpi4py import MPI
@@ -11,16 +9,6 @@ from hpcpax.comm import transport as tr
 from hpcpax.backend import has_gpu
 
 
-def _all(comm, ok):
-    return comm.allreduce(bool(ok), op=MPI.LAND)
-
-
-def _need_gpu():
-    if has_gpu():
-        return
-    if os.environ.get("HPCPAX_TEST_GPU") == "1":
-        pytest.fail("HPCPAX_TEST_GPU=1 but no CUDA device is visible")
-    pytest.skip("no GPU")
 
 
 def _exercise(transport, comm, xp):
@@ -50,10 +38,10 @@ def _exercise(transport, comm, xp):
     return ok
 
 
-def test_cpu_transport():
+def test_cpu_transport(all_ok):
     transport = tr.make_transport("cpu")
     assert isinstance(transport, tr.CpuTransport) and transport is tr.make_transport(np.zeros(1))
-    assert _all(MPI.COMM_WORLD, _exercise(transport, MPI.COMM_WORLD, np))
+    assert all_ok(MPI.COMM_WORLD, _exercise(transport, MPI.COMM_WORLD, np))
 
 
 def test_cpu_transport_rejects_bad_buffers():
@@ -95,13 +83,12 @@ def test_gpu_transport_without_cupy_names_the_fix():
 
 
 @pytest.mark.gpu
-def test_host_staged_transport_on_gpu():
-    _need_gpu()
+def test_host_staged_transport_on_gpu(all_ok, need_gpu):
     import cupy
 
     transport = tr.make_transport("gpu", cuda_aware=False)
     assert isinstance(transport, tr.HostStagedTransport)
-    assert _all(MPI.COMM_WORLD, _exercise(transport, MPI.COMM_WORLD, cupy))
+    assert all_ok(MPI.COMM_WORLD, _exercise(transport, MPI.COMM_WORLD, cupy))
     # staging buffers are reused: a second round allocates nothing bigger
     before = sorted(cap for cap, _ in transport._pool._free)
     _exercise(transport, MPI.COMM_WORLD, cupy)
@@ -111,12 +98,11 @@ def test_host_staged_transport_on_gpu():
 
 
 @pytest.mark.gpu
-def test_cuda_aware_transport_on_gpu():
-    _need_gpu()
+def test_cuda_aware_transport_on_gpu(all_ok, need_gpu):
     import cupy
 
     if not tr.cuda_aware_mpi() and MPI.COMM_WORLD.Get_size() > 1:
         pytest.skip("MPI library is not CUDA-aware")
     transport = tr.make_transport("gpu", cuda_aware=True)
     assert isinstance(transport, tr.CudaAwareTransport)
-    assert _all(MPI.COMM_WORLD, _exercise(transport, MPI.COMM_WORLD, cupy))
+    assert all_ok(MPI.COMM_WORLD, _exercise(transport, MPI.COMM_WORLD, cupy))
