@@ -1,4 +1,6 @@
-"""Shared fixtures: the world communicator, and collective assertions."""
+"""Shared fixtures: the world communicator, collective assertions, GPU gating."""
+
+import os
 
 import pytest
 
@@ -16,8 +18,28 @@ def comm():
     return MPI.COMM_WORLD
 
 
-def all_ok(comm, ok: bool) -> bool:
-    """True when ``ok`` holds on every rank (collective)."""
+@pytest.fixture
+def all_ok(comm):
+    """``all_ok(ok)`` or ``all_ok(group, ok)``: True when ``ok`` holds on every rank.
+
+    **Collective** over ``group`` (default the world): assert with it where
+    ranks hold different data, so a failure on one rank fails every rank.
+    """
     from mpi4py import MPI
 
-    return comm.allreduce(bool(ok), op=MPI.LAND)
+    def check(*args):
+        group, ok = (comm, args[0]) if len(args) == 1 else args
+        return group.allreduce(bool(ok), op=MPI.LAND)
+
+    return check
+
+
+@pytest.fixture(scope="session")
+def need_gpu():
+    """Skip without CuPy and a CUDA device; fail instead when ``HPCPAX_TEST_GPU=1``."""
+    from hpcpax.backend import has_gpu
+
+    if not has_gpu():
+        if os.environ.get("HPCPAX_TEST_GPU") == "1":
+            pytest.fail("HPCPAX_TEST_GPU=1 but CuPy or a CUDA device is missing")
+        pytest.skip("needs CuPy and a CUDA device (pip install hpcpax[gpu])")

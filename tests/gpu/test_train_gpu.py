@@ -6,13 +6,10 @@ and final parameters agree to float64 round-off. Skipped without CuPy and a
 CUDA device unless ``HPCPAX_TEST_GPU=1``, which makes a missing GPU a failure.
 """
 
-import os
-
 import numpy as np
 import pytest
 from mpi4py import MPI
 
-from hpcpax.backend import has_gpu
 from hpcpax.app.trainer import Trainer
 
 pytestmark = pytest.mark.gpu
@@ -25,12 +22,6 @@ TINY = {
 }
 
 
-def _need_gpu():
-    if not has_gpu():
-        if os.environ.get("HPCPAX_TEST_GPU") == "1":
-            pytest.fail("HPCPAX_TEST_GPU=1 but CuPy or a CUDA device is missing")
-        pytest.skip("needs CuPy and a CUDA device (pip install hpcpax[gpu])")
-
 
 def _run(comm, tmp_path, device):
     path = comm.bcast(str(tmp_path / device) if comm.Get_rank() == 0 else None, root=0)
@@ -42,8 +33,7 @@ def _run(comm, tmp_path, device):
 
 @pytest.mark.mpi(min_size=1)
 @pytest.mark.timeout(300)
-def test_gpu_workers_equal_cpu_workers(comm, tmp_path):
-    _need_gpu()
+def test_gpu_workers_equal_cpu_workers(comm, tmp_path, need_gpu):
     cpu_losses, cpu = _run(comm, tmp_path, "cpu")
     gpu_losses, gpu = _run(comm, tmp_path, "gpu")
     ok = np.allclose(cpu_losses, gpu_losses, rtol=1e-9, atol=1e-12)

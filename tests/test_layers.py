@@ -1,0 +1,142 @@
+"""The architecture, checked: layers import downwards only, no cycles, small modules.
+
+Layers (``ARCHITECTURE.md``), lowest first: ``ops`` < ``comm`` < ``ps`` <
+``sync`` < ``plan`` < ``app``. ``data`` and ``models`` serve the application
+and import no layer above ``ops``. ``errors``, ``options`` and ``backend`` are
+the base every layer may use. Every import counts, lazy ones inside functions
+included: a lazy import only hides a dependency, it does not remove it.
+"""
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parent.parent / "hpcpax"
+LAYERS = {"ops": 0, "comm": 1, "ps": 2, "sync": 3, "plan": 4, "app": 5,
+          "data": 1, "models": 1}
+BASE = {"errors", "options", "backend"}
+#: Planning maths: pure, no MPI anywhere in them.
+PURE_PLANNING = ["plan.cost_model", "plan.auto", "plan.plan", "plan.partition_search",
+                 "plan.measure", "plan.sim"]
+
+
+def modules():
+    """``{dotted name relative to hpcpax: path}`` of every module."""
+    out = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = path.relative_to(PACKAGE).with_suffix("").parts
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        out[".".join(parts)] = path
+    return out
+
+
+def imports_of(name, path):
+    """Every hpcpax module ``name`` imports (relative to hpcpax), and its other imports."""
+    package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+    ours, others = set(), set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package[:len(package) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            elif (node.module or "").startswith("hpcpax"):
+                target = node.module[len("hpcpax."):] if node.module != "hpcpax" else ""
+            else:
+                others.add((node.module or "").split(".")[0])
+                continue
+            for alias in node.names:  # "from . import x" names a module when x is one
+                candidate = f"{target}.{alias.name}" if target else alias.name
+                ours.add(candidate if candidate in ALL else target)
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.startswith("hpcpax."):
+                    ours.add(alias.name[len("hpcpax."):])
+                else:
+                    others.add(alias.name.split(".")[0])
+    ours.discard("")
+    return ours, others
+
+
+ALL = modules()
+
+
+def layer_of(name):
+    top = name.split(".")[0]
+    if top in BASE:
+        return -1
+    return LAYERS.get(top, 99)  # loose entry points (train, sim, ...) are on top
+
+
+def test_every_import_goes_down_the_layers():
+    wrong = []
+    for name, path in ALL.items():
+        mine = layer_of(name)
+        if mine == 99:
+            continue
+        for target in imports_of(name, path)[0]:
+            top = target.split(".")[0]
+            if layer_of(target) > mine or (mine >= 0 and top in ("data", "models")
+                                           and name.split(".")[0] not in ("app", top)):
+                wrong.append(f"{name} imports {target}")
+    assert not wrong, wrong
+
+
+def test_comm_imports_no_higher_layer():
+    for name, path in ALL.items():
+        if name.startswith("comm"):
+            bad = [t for t in imports_of(name, path)[0]
+                   if t.split(".")[0] in ("ps", "sync", "plan", "app", "data", "models")]
+            assert not bad, f"{name} imports {bad}"
+
+
+@pytest.mark.parametrize("name", PURE_PLANNING)
+def test_pure_planning_modules_import_no_mpi(name):
+    assert "mpi4py" not in imports_of(name, ALL[name])[1]
+    code = (f"import sys, hpcpax.{name}; "
+            "print('mpi4py' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, check=True)
+    assert out.stdout.strip() == "False"
+
+
+def test_no_import_cycles():
+    graph = {name: {t for t in imports_of(name, path)[0] if t in ALL and t != name}
+             for name, path in ALL.items()}
+    # a package's __init__ may name its own modules; the cycle rule is for modules
+    graph = {n: {t for t in ts if not n.startswith(t + ".") and not t.startswith(n + ".")}
+             for n, ts in graph.items()}
+    state, stack, cycles = {}, [], []
+
+    def visit(node):
+        state[node] = "open"
+        stack.append(node)
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == "open":
+                cycles.append(stack[stack.index(nxt):] + [nxt])
+            elif nxt not in state:
+                visit(nxt)
+        stack.pop()
+        state[node] = "done"
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node)
+    assert not cycles, cycles
+
+
+def test_modules_and_classes_are_small():
+    big = []
+    for name, path in ALL.items():
+        text = path.read_text()
+        if len(text.splitlines()) > 450:
+            big.append(f"{name}: {len(text.splitlines())} lines")
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.ClassDef) and node.end_lineno - node.lineno + 1 > 350:
+                big.append(f"{name}.{node.name}: {node.end_lineno - node.lineno + 1} lines")
+    assert not big, big
+    loose = [p.name for p in PACKAGE.glob("*.py")]
+    assert len(loose) <= 10, loose
