@@ -6,12 +6,14 @@ instead of hanging it); without ``mpirun`` it is a one-process run. Flags are
 listed by ``--help`` and documented in :mod:`hpcpax.app.config`; the loop is
 :class:`hpcpax.app.trainer.Trainer`.
 
-Exit status: 0 on success and after a preemption checkpoint (SIGTERM or
-SIGUSR1; rerun with ``--resume``), 2 on a bad flag or config file.
+Exit status: 0 on success; 3 after a preemption checkpoint (SIGTERM, SIGUSR1
+or SIGINT: rerun, or requeue, with ``--resume``); 2 on a bad flag or config
+file; 1 on any other error.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 
 from .app.config import parse_args
@@ -46,8 +48,11 @@ def main(argv=None, *, comm=None, hooks=()) -> int:
         if _world_rank() == 0:
             print(f"hpcpax.train: error: {exc}", file=sys.stderr)
         return 2
-    Trainer(config, comm=comm, hooks=hooks).run()
-    return 0
+    from .app.preemption import EXIT_PREEMPTED
+
+    trainer = Trainer(config, comm=comm, hooks=hooks)
+    trainer.run()
+    return EXIT_PREEMPTED if trainer.preempted else 0
 
 
 def _main_aborting_on_error() -> int:
@@ -81,5 +86,27 @@ def _main_aborting_on_error() -> int:
         return 1
 
 
+def _exit(status: int) -> None:
+    """Leave with ``status``, also under ``python -m mpi4py``.
+
+    mpi4py's runner calls ``MPI_Abort`` for any ``SystemExit`` with a
+    non-zero code, which would turn the documented preemption status into a
+    killed job. Every rank reaches this with the same status (the stop is
+    agreed), so MPI is finalized cleanly first and the process exits directly.
+    """
+    if status == 0:
+        sys.exit(0)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    try:
+        from mpi4py import MPI
+
+        if MPI.Is_initialized() and not MPI.Is_finalized():
+            MPI.Finalize()
+    except ImportError:  # pragma: no cover
+        pass
+    os._exit(status)
+
+
 if __name__ == "__main__":
-    sys.exit(_main_aborting_on_error())
+    _exit(_main_aborting_on_error())

@@ -13,35 +13,78 @@ import time
 from ..errors import ConfigError
 from .config import PLAN_MODES, load_plan_file, model_kwargs, normalize_plan
 
-__all__ = ["make_run_dir", "build_model", "open_data", "plan_requests", "sparse_specs",
+__all__ = ["prepare_run_dir", "run_in", "build_model", "open_data", "plan_requests", "sparse_specs",
            "dense_variables", "config_lines"]
 
 
-def make_run_dir(topology, config) -> tuple:
-    """Create the run directory on rank 0; ``(absolute path, job id)`` everywhere.
+def prepare_run_dir(topology, config) -> tuple:
+    """Create or check the run directory on rank 0; ``(path, job id, note)`` everywhere.
 
-    **Collective** over ``topology.comm``; a directory that cannot be made
-    raises :class:`~hpcpax.errors.ConfigError` on every rank.
+    A directory that already holds a run (metrics, checkpoints or a summary)
+    is never silently started over: ``resume`` continues it (refused when
+    there is no checkpoint to continue from), ``overwrite`` keeps the old run
+    under ``RUN_DIR.replaced-<time>`` and starts a new one, and anything else
+    is refused. **Collective** over ``topology.comm``; errors raise
+    :class:`~hpcpax.errors.ConfigError` on every rank.
     """
-    path = error = None
+    path = error = note = None
     if topology.rank == 0:
-        path = config["run_dir"]
-        if not path:
-            stamp = time.strftime("%Y%m%d-%H%M%S")
-            path, n = os.path.join("runs", stamp), 1
-            while os.path.exists(path):
-                path, n = os.path.join("runs", f"{stamp}-{n}"), n + 1
         try:
-            os.makedirs(path, exist_ok=True)
-        except OSError as exc:
-            error = f"cannot create run directory {path}: {exc}"
-        path = os.path.abspath(path)
-    path, error = topology.comm.bcast((path, error), root=0)
+            path, note = _claim_run_dir(config)
+        except (OSError, ConfigError) as exc:
+            error = str(exc) if isinstance(exc, ConfigError) else \
+                f"cannot create run directory {config['run_dir'] or 'runs/'}: {exc}"
+    path, error, note = topology.comm.bcast((path, error, note), root=0)
     if error:
         raise ConfigError(error)
     job_id = topology.comm.bcast(os.environ.get("SLURM_JOB_ID")
                                  or f"{os.getpid()}-{int(time.time())}", root=0)
-    return path, job_id
+    return path, job_id, note
+
+
+def _claim_run_dir(config) -> tuple:
+    from .checkpoint import list_checkpoints
+
+    path = config["run_dir"]
+    if not path:
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        path, n = os.path.join("runs", stamp), 1
+        while os.path.exists(path):
+            path, n = os.path.join("runs", f"{stamp}-{n}"), n + 1
+    path, note = os.path.abspath(path), None
+    held = run_in(path)
+    if held and config["overwrite"]:
+        kept = f"{path}.replaced-{time.strftime('%Y%m%d-%H%M%S')}"
+        os.rename(path, kept)
+        note = f"overwrite: the previous run ({held}) is kept as {kept}"
+    elif held and config["resume"] and not list_checkpoints(path):
+        raise ConfigError(f"resume: run directory {path} holds a run ({held}) but no complete "
+                          "checkpoint to continue from; --overwrite starts it over (the old run "
+                          "is kept), or choose another --run-dir")
+    elif held and not config["resume"]:
+        raise ConfigError(f"run directory {path} already holds a run ({held}); pass --resume to "
+                          "continue it, --overwrite to start over (the old run is kept), or "
+                          "another --run-dir")
+    os.makedirs(path, exist_ok=True)
+    return path, note
+
+
+def run_in(path) -> str | None:
+    """What run ``path`` holds, in words (None when it holds none). Local."""
+    from .checkpoint import list_checkpoints
+    from .metrics import read_metrics
+
+    found = []
+    metrics = os.path.join(path, "metrics.jsonl")
+    if os.path.isfile(metrics) and os.path.getsize(metrics) > 0:
+        steps = [r["step"] for r in read_metrics(metrics) if "loss" in r]
+        found.append(f"metrics up to step {max(steps)}" if steps else "metrics.jsonl")
+    checkpoints = list_checkpoints(path) if os.path.isdir(path) else []
+    if checkpoints:
+        found.append(f"checkpoints up to step {checkpoints[-1][0]}")
+    if os.path.isfile(os.path.join(path, "summary.json")):
+        found.append("summary.json")
+    return ", ".join(found) or None
 
 
 def build_model(config):

@@ -147,7 +147,7 @@ def save(comm, run_dir, step: int, *, dense=None, sparse=(), meta=None, keep: in
             path = os.path.join(tmp, name)
             _write_sparse(path, list(sparse))
             written[name] = _file_entry(path)
-    except (OSError, ValueError, TypeError) as exc:
+    except (OSError, ValueError, TypeError, RuntimeError) as exc:  # h5py raises RuntimeError too
         error = f"rank {rank}: writing into {tmp} failed: {exc}"
     gathered = comm.gather((written, error), root=0)
 
@@ -178,7 +178,7 @@ def save(comm, run_dir, step: int, *, dense=None, sparse=(), meta=None, keep: in
                 os.rename(tmp, final)
                 if keep:
                     _prune(root, keep)
-        except OSError as exc:
+        except (OSError, ValueError) as exc:
             errors.append(f"rank 0: completing {final} failed: {exc}")
         error = "; ".join(errors) or None
     error = comm.bcast(error if rank == 0 else None, root=0)
@@ -283,28 +283,61 @@ def read_meta(path) -> dict:
         raise CheckpointError(f"{meta_path}: unreadable ({exc})") from None
 
 
-def load_dense(path):
-    """``(params, optimizer_state)`` from ``dense.h5``; not collective."""
+def refuse_links(h5file, file_path) -> None:
+    """Raise unless every object of an open HDF5 file is a plain (hard-linked) one.
+
+    A soft or external link would make a checked file read data from
+    elsewhere: the manifest's SHA-256 covers the link, not its target.
+    """
+    h5py = _h5py()
+
+    def check(name, link):  # a non-None return stops the visit (no raising in the C callback)
+        return None if isinstance(link, h5py.HardLink) else (name, link)
+
+    found = h5file.visititems_links(check)
+    if found is not None:
+        name, link = found
+        target = getattr(link, "filename", "") or getattr(link, "path", "")
+        raise CheckpointError(f"{file_path}: {name!r} is a {type(link).__name__} to "
+                              f"{target!r}; checkpoints hold plain datasets only")
+
+
+def load_dense(path, expected=None):
+    """``(params, optimizer_state)`` from ``dense.h5``; not collective.
+
+    Args:
+        expected: ``{name: shape}``: every parameter must be there with that
+            shape, checked before anything is read.
+    """
     h5py = _h5py()
     file_path = os.path.join(os.fspath(path), "dense.h5")
     try:
         with h5py.File(file_path, "r") as f:
+            refuse_links(f, file_path)
+            for name, shape in (expected or {}).items():
+                if name not in f["params"] or tuple(f["params"][name].shape) != tuple(shape):
+                    raise CheckpointError(f"{file_path}: parameter {name!r} missing or of "
+                                          f"another shape (the model's is {tuple(shape)})")
             params = {name: f["params"][name][...] for name in f["params"]}
             state = {name: {slot: f["optimizer"][name][slot][...]
                             for slot in f["optimizer"][name]}
                      for name in f["optimizer"]}
-    except (OSError, KeyError) as exc:
+    except (OSError, KeyError, RuntimeError) as exc:
         raise CheckpointError(f"{file_path}: cannot read ({exc})") from None
     return params, state
 
 
 def _sparse_files(path):
-    return sorted(os.path.join(path, name) for name in os.listdir(path)
+    """The sparse files the manifest lists (an extra file dropped in is never read)."""
+    listed = read_manifest(path)["files"]
+    return sorted(os.path.join(path, name) for name in listed
                   if name.startswith("sparse_rank") and name.endswith(".h5"))
 
 
-def load_rows(path, name, wanted):
+def load_rows(path, name, wanted, dim=None):
     """Rows of variable ``name`` for global ids ``wanted``, from every sparse file.
+
+    ``dim``, when given, is checked against each file's table before reading.
 
     Not collective: each rank reads only the ids of every file, then its rows,
     in blocks of bounded size.
@@ -325,9 +358,16 @@ def load_rows(path, name, wanted):
     for file_path in _sparse_files(os.fspath(path)):
         try:
             with h5py.File(file_path, "r") as f:
+                refuse_links(f, file_path)
                 if name not in f:
                     continue
                 group = f[name]
+                if dim is not None and (group["table"].ndim != 2
+                                        or group["table"].shape[1] != dim
+                                        or len(group["ids"]) != len(group["table"])):
+                    raise CheckpointError(f"{file_path}: variable {name!r} is stored as "
+                                          f"{group['table'].shape} with {len(group['ids'])} ids; "
+                                          f"the variable has rows of {dim}")
                 if scalar_state is None:
                     scalar_state = {k: group["scalar_state"][k][...]
                                     for k in group["scalar_state"]}
@@ -352,7 +392,7 @@ def load_rows(path, name, wanted):
                     table[target] = group["table"][start:stop][block_hit]
                     for k in row_state:
                         row_state[k][target] = group["row_state"][k][start:stop][block_hit]
-        except (OSError, KeyError, ValueError) as exc:
+        except (OSError, KeyError, ValueError, RuntimeError) as exc:
             raise CheckpointError(f"{file_path}: cannot read variable {name!r} ({exc})") from None
     if table is None:
         if len(wanted):

@@ -9,15 +9,40 @@ checkpoint was written by the same training setup.
 
 from __future__ import annotations
 
+import hashlib
+import os
+import re
+import shutil
 import time
+
+import numpy as np
 
 from ..backend import to_host
 from ..comm.agreement import fingerprint
-from ..errors import CheckpointError
+from ..errors import CheckpointError, MismatchError
+from ..options import format_bytes
 from . import checkpoint as ckpt
 from .config import TRAINING_KEYS
 
-__all__ = ["RunCheckpoints"]
+__all__ = ["RunCheckpoints", "data_fingerprint"]
+
+
+def data_fingerprint(path) -> str:
+    """Content hash of a data file: size, first and last MiB (not its path). Local.
+
+    Cheap for any file size; a moved or copied file has the same fingerprint,
+    an edited one (almost surely) not.
+    """
+    try:
+        size = os.path.getsize(path)
+        digest = hashlib.sha256(str(size).encode())
+        with open(path, "rb") as handle:
+            digest.update(handle.read(1 << 20))
+            handle.seek(max(0, size - (1 << 20)))
+            digest.update(handle.read(1 << 20))
+    except OSError as exc:
+        raise CheckpointError(f"cannot read data file {path}: {exc.strerror or exc}") from None
+    return "sha256:" + digest.hexdigest()[:32]
 
 
 class RunCheckpoints:
@@ -36,10 +61,110 @@ class RunCheckpoints:
         self.seconds = 0.0
         #: The newest checkpoint written (None before the first).
         self.last = None
+        self._data_fingerprint = None
 
     def training_fingerprint(self) -> str:
-        """Hash of the config keys that define the training math."""
-        return fingerprint({k: self.config[k] for k in TRAINING_KEYS})
+        """Hash of the config keys that define the training math.
+
+        The data file counts by its content (:func:`data_fingerprint`), not
+        its path: a run resumes with its data moved elsewhere.
+        """
+        keys = {k: self.config[k] for k in TRAINING_KEYS}
+        keys["data"] = self.data_fingerprint
+        return fingerprint(keys)
+
+    @property
+    def data_fingerprint(self) -> str | None:
+        """:func:`data_fingerprint` of the run's data file (None: synthetic data)."""
+        if self.config["data"] is None:
+            return None
+        if self._data_fingerprint is None:
+            self._data_fingerprint = data_fingerprint(self.config["data"])
+        return self._data_fingerprint
+
+    def resume(self, commands, log) -> int:
+        """Load the newest intact checkpoint, if any; the step to start at.
+
+        **Collective** over the workers (each load is a ``load`` command of
+        ``commands``, run by every rank; a ``refuse`` command makes every rank
+        raise :class:`~hpcpax.errors.CheckpointError` when none is intact). A damaged checkpoint is skipped with
+        a warning naming it, for the next older one; the run never falls
+        back to step 1 while a checkpoint is left.
+        """
+        topo = self.topology
+        found = [path for _, path in reversed(ckpt.list_checkpoints(self.run_dir))] \
+            if topo.is_worker and topo.worker_index == 0 else None
+        found = topo.workers.bcast(found, root=0)
+        if not found:
+            log(f"resume: no checkpoint in {self.run_dir}; starting at step 1")
+            return 1
+        for path in found:
+            step, damage = commands.run("load", path=path)
+            if damage is None:
+                log(f"resumed from {path}: continuing at step {step + 1}", important=True)
+                return step + 1
+            log(f"resume: WARNING: skipping damaged checkpoint {path}: {damage}", important=True)
+        # raised by every rank (a ``refuse`` command), so the servers stop too
+        commands.run("refuse", message=f"resume: every checkpoint in {self.run_dir} is damaged "
+                     f"(the oldest, {os.path.basename(path)}: {damage}); --overwrite starts the "
+                     "run over (the old one is kept)")
+
+    def prepare(self, sync, dense, dense_state) -> list:
+        """Before training: stale temporaries removed, room for a checkpoint checked.
+
+        **Collective** over every rank. Rank 0 removes the ``.tmp-``/``.old-``
+        directories a crashed save left, checks it can write into
+        ``checkpoints/``, and compares the free space with the size of one
+        checkpoint (every rank's rows, summed) plus 10 %; the previous
+        checkpoint stays until a new one is complete, so that is what a save
+        needs. Raises :class:`~hpcpax.errors.CheckpointError` on every rank
+        otherwise. Returns the lines to print.
+        """
+        from mpi4py import MPI
+
+        topo = self.topology
+        mine = sum(table.nbytes + sum(np.asarray(v).nbytes for v in rows.values())
+                   for _, _, table, rows, _ in sync.checkpoint_rows())
+        if topo.is_worker and topo.worker_index == 0:
+            mine += sum(to_host(v).nbytes for v in dense.values())
+            mine += sum(np.asarray(to_host(v)).nbytes for slots in dense_state.values()
+                        for v in slots.values())
+        need = topo.comm.allreduce(int(mine), op=MPI.SUM)
+        lines, error = [], None
+        if topo.rank == 0:
+            try:
+                lines = self._check_room(int(need * 1.1) + (1 << 20))
+            except CheckpointError as exc:
+                error = str(exc)
+        lines, error = topo.comm.bcast((lines, error), root=0)
+        if error:
+            raise CheckpointError(error)
+        return lines
+
+    def _check_room(self, need) -> list:
+        root = os.path.join(self.run_dir, "checkpoints")
+        lines = []
+        try:
+            os.makedirs(root, exist_ok=True)
+            for name in sorted(os.listdir(root)):
+                if re.fullmatch(r"step_\d+\.(tmp|old)-.*", name):
+                    shutil.rmtree(os.path.join(root, name))
+                    lines.append(f"checkpoints: removed {name} (left by an interrupted save)")
+            probe = os.path.join(root, f".write-test-{os.getpid()}")
+            with open(probe, "wb") as handle:
+                handle.write(b"x")
+            os.unlink(probe)
+        except OSError as exc:
+            raise CheckpointError(f"cannot write checkpoints into {root}: {exc.strerror or exc} "
+                                  "(a read-only or full file system?); choose another "
+                                  "--run-dir") from None
+        free = shutil.disk_usage(root).free
+        if free < need:
+            raise CheckpointError(f"no room for a checkpoint in {root}: one needs about "
+                                  f"{format_bytes(need)}, the file system has "
+                                  f"{format_bytes(free)} free; free space or choose another "
+                                  "--run-dir")
+        return lines
 
     def save(self, step, meta, sync, dense, dense_state) -> str:
         """Write a checkpoint after ``step``; **collective** over every rank."""
@@ -60,23 +185,29 @@ class RunCheckpoints:
     def load(self, path, sync, dense, dense_state, optimizer, xp) -> int:
         """Restore a checkpoint into the run; **collective** over every rank.
 
-        Returns the step it was written after. Raises
-        :class:`~hpcpax.errors.CheckpointError` on every rank when any rank
-        finds it damaged or written by another training setup.
+        Returns the step it was written after. Raises on every rank
+        together: :class:`~hpcpax.errors.CheckpointError` when any rank finds
+        it damaged, :class:`~hpcpax.errors.MismatchError` when another
+        training setup wrote it (other flags, or a data file of other
+        content; a moved data file is fine).
         """
         topo = self.topology
         ckpt.verify(path, topo.comm)
         meta = ckpt.read_meta(path)
         if meta.get("training_fingerprint") != self.training_fingerprint():
             saved = meta.get("config", {})
-            differ = [k for k in TRAINING_KEYS if saved.get(k) != self.config[k]]
-            raise CheckpointError(
-                f"{path} was written by a different training setup: "
-                + ", ".join(f"{k}={saved.get(k)!r} there, {self.config[k]!r} now"
-                            for k in differ[:4]))
+            differ = [f"{k}={saved.get(k)!r} there, {self.config[k]!r} now"
+                      for k in TRAINING_KEYS if k != "data" and saved.get(k) != self.config[k]]
+            if self.config["data"] is not None and \
+                    meta.get("data_fingerprint") != self.data_fingerprint:
+                differ.append(f"data file {self.config['data']} has other content than "
+                              f"{saved.get('data')!r} had")
+            raise MismatchError(f"{path} was written by a different training setup: "
+                                + ", ".join(differ[:4]))
         error = None
         try:
-            sync.restore_rows(lambda name, ids: ckpt.load_rows(path, name, ids))
+            sync.restore_rows(lambda name, ids: ckpt.load_rows(path, name, ids,
+                                                               dim=sync[name].spec.dim))
             if topo.is_worker:
                 _load_dense(path, dense, dense_state, optimizer, xp)
         except CheckpointError as exc:
@@ -88,11 +219,8 @@ class RunCheckpoints:
 
 
 def _load_dense(path, dense, dense_state, optimizer, xp) -> None:
-    params, state = ckpt.load_dense(path)
-    for name in dense:
-        if name not in params or params[name].shape != dense[name].shape:
-            raise CheckpointError(f"{path}/dense.h5: parameter {name!r} missing or "
-                                  f"of another shape")
+    params, state = ckpt.load_dense(path, {k: v.shape for k, v in dense.items()})
+    for name in dense:  # load_dense checked every name and shape before reading
         dense[name][...] = xp.asarray(params[name])
         for slot, value in dense_state[name].items():
             # the optimizer's scalar slots (Adam's step) stay host arrays

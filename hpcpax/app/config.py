@@ -98,7 +98,10 @@ FLAGS = (
     Flag("checkpoint_every", "int", 0, "checkpoint every N steps and after the last one "
          "(0: only on preemption)", minimum=0),
     Flag("keep_checkpoints", "int", 3, "keep the newest K checkpoints (0: all)", minimum=0),
-    Flag("resume", "bool", False, "continue from RUN_DIR's newest complete checkpoint"),
+    Flag("resume", "bool", False, "continue from RUN_DIR's newest intact checkpoint (a new or "
+         "empty RUN_DIR starts at step 1)"),
+    Flag("overwrite", "bool", False, "start over in a RUN_DIR that already holds a run (the old "
+         "run is kept, renamed RUN_DIR.replaced-<time>)"),
     Flag("eval_every", "int", 0, "evaluate every N steps (0: never)", minimum=0),
     Flag("eval_batches", "int", 2, "global batches per evaluation", minimum=1),
 
@@ -303,6 +306,9 @@ def _check_combination(config):
     for key in MODEL_FLAGS[other]:
         if key not in MODEL_FLAGS[config["model"]] and config[key] is not None:
             raise ConfigError(f"{key} is a flag of model {other!r}, not of {config['model']!r}")
+    if config["resume"] and config["overwrite"]:
+        raise ConfigError("resume and overwrite exclude each other: continue the run in "
+                          "run_dir, or start it over")
     if config["resume"] and not config["run_dir"]:
         raise ConfigError("resume needs run_dir: the directory holding the checkpoints")
 

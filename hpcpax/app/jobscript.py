@@ -186,9 +186,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print("\n".join(list_templates()))
         return 0
 
+    epilog = []
+    for name in list_templates():  # the flags each template takes, also without a template
+        flags = " ".join(_flag(p) for p in load_template(name).placeholders)
+        epilog.append(f"{name} flags: {flags}")
     parser = argparse.ArgumentParser(
         prog="python -m hpcpax.jobscript",
-        description="Render an hpcpax Slurm job script. Templates: " + ", ".join(list_templates()))
+        description="Render an hpcpax Slurm job script. Templates: " + ", ".join(list_templates()),
+        epilog="\n".join(epilog) + "\n`python -m hpcpax.jobscript TEMPLATE --help` explains "
+        "each flag and its default.", formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("template", help="template name or path to a .sbatch file")
     parser.add_argument("--list", action="store_true", help="list the templates and exit")
     parser.add_argument("-o", "--output", dest="output_file", metavar="FILE",

@@ -31,25 +31,27 @@ def json_safe(value):
 class MetricsWriter:
     """Append-only JSON-lines writer (a no-op when ``enabled`` is False).
 
+    Lines are only ever appended. A resumed run first appends a marker
+    ``{"resumed_at": S}``: steps after ``S`` logged by the interrupted run
+    (after its last checkpoint) are then superseded by the resumed run's
+    lines, which :func:`read_metrics` applies.
+
     Args:
         path: the ``metrics.jsonl`` file.
         enabled: True on the one rank that writes.
-        truncate_after: on resume, drop lines whose ``step`` is greater
-            (steps a preempted run logged after its last checkpoint).
+        resumed_at: the checkpoint step a resumed run continues after.
+        job_id: recorded in the resume marker.
     """
 
-    def __init__(self, path, enabled=True, truncate_after=None):
+    def __init__(self, path, enabled=True, resumed_at=None, job_id=None):
         self.path = os.fspath(path)
         self.enabled = enabled
         self._file = None
         if not enabled:
             return
-        if truncate_after is not None and os.path.exists(self.path):
-            kept = [line for line in read_metrics(self.path, raw=True)
-                    if line[0].get("step", 0) <= truncate_after]
-            with open(self.path, "w", encoding="utf-8") as handle:
-                handle.writelines(text for _, text in kept)
         self._file = open(self.path, "a", encoding="utf-8")
+        if resumed_at is not None:
+            self.write({"resumed_at": int(resumed_at), "job_id": job_id})
 
     def write(self, record: dict) -> None:
         if self._file is None:
@@ -64,7 +66,12 @@ class MetricsWriter:
 
 
 def read_metrics(path, raw=False) -> list:
-    """The records of a ``metrics.jsonl`` (a torn last line is skipped)."""
+    """The records of a ``metrics.jsonl`` as the run stands (a torn line is skipped).
+
+    A ``resumed_at`` marker supersedes the step and eval records after its
+    step written before it (the interrupted run's steps that the resumed run
+    trained again); ``raw=True`` gives every line as ``(record, text)``.
+    """
     out = []
     with open(path, encoding="utf-8") as handle:
         for text in handle:
@@ -72,7 +79,12 @@ def read_metrics(path, raw=False) -> list:
                 record = json.loads(text)
             except json.JSONDecodeError:
                 continue
-            out.append((record, text) if raw else record)
+            if raw:
+                out.append((record, text))
+            elif "resumed_at" in record:
+                out = [r for r in out if r.get("step", 0) <= record["resumed_at"]]
+            else:
+                out.append(record)
     return out
 
 

@@ -1,23 +1,30 @@
 """Preemption: a signal asks the run to checkpoint and exit cleanly.
 
 Slurm sends ``SIGTERM`` (or the ``--signal=USR1@T`` of a job script) some
-time before it kills a job. The handler only sets a flag; the trainer looks
-at it at the next step boundary, the workers agree with one reduction (any
-worker signalled means all stop), write a checkpoint and exit with status 0,
-so a requeued job resumes with ``--resume``.
+time before it kills a job; Ctrl-C on ``mpirun`` sends ``SIGINT``. The
+handler only sets a flag; the trainer looks at it at the next step boundary,
+the workers agree with one reduction (any worker signalled means all stop),
+write a checkpoint and exit with status :data:`EXIT_PREEMPTED` (3), so a job
+script can tell a preempted run from a finished one and requeue it (the
+templates in ``jobscripts/`` do). A second ``SIGINT`` interrupts at once.
+The trainer installs the handler right after ``MPI_Init`` (which installs
+handlers of its own), for the whole run: a signal during set-up is honoured
+at the first step boundary.
 """
 
 from __future__ import annotations
 
 import signal
 
-__all__ = ["PreemptionHandler", "PREEMPT_SIGNALS"]
+__all__ = ["PreemptionHandler", "PREEMPT_SIGNALS", "EXIT_PREEMPTED"]
 
-PREEMPT_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+PREEMPT_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
+#: Exit status of a run that stopped on a preemption signal after checkpointing.
+EXIT_PREEMPTED = 3
 
 
 class PreemptionHandler:
-    """Context manager: while active, ``SIGTERM``/``SIGUSR1`` set :attr:`requested`.
+    """Context manager: while active, ``SIGTERM``/``SIGUSR1``/``SIGINT`` set :attr:`requested`.
 
     Not collective. Handlers are installed only in the main thread (Python
     allows no other) and the previous ones are put back on exit.
@@ -30,6 +37,8 @@ class PreemptionHandler:
         self._previous = {}
 
     def _handle(self, signum, frame):
+        if signum == signal.SIGINT and self.requested:
+            raise KeyboardInterrupt  # a second Ctrl-C: stop now
         self.requested = True
         self.signal_number = signum
 

@@ -27,25 +27,22 @@ import os
 import time
 
 from ..backend import Device, select_device, to_host
+from ..errors import CheckpointError
 from ..comm.agreement import check_same
 from ..comm.watchdog import Watchdog
 from ..options import parse_bytes
 from ..plan.controller import PlanController
 from . import build
-from . import checkpoint as ckpt
 from .checkpointing import RunCheckpoints
 from .commands import CommandChannel
 from .config import resolve
+from .evaluation import evaluate
 from .metrics import MetricsWriter, ProgressBar, json_safe, write_json
 from .preemption import PreemptionHandler
 from .step_report import (BYTE_PHASES, TIME_PHASES, reduce_step, step_record, summarize,
                           summary_line)
 
 __all__ = ["Trainer", "TIME_PHASES", "BYTE_PHASES"]
-
-#: Evaluation reads fixed global batches from this position on (no held-out split).
-EVAL_POSITION = 1_000_003
-
 
 class Trainer:
     """One training run: set-up, steps, checkpoints, outputs.
@@ -77,6 +74,8 @@ class Trainer:
         self.losses = []
         self.is_leader = False
         self.stopped = False
+        #: True when the run stopped on a preemption signal (after checkpointing).
+        self.preempted = False
         self._bar = None
 
     # ---------------------------------------------------------------- output
@@ -99,15 +98,24 @@ class Trainer:
 
     # ------------------------------------------------------------------- run
     def run(self) -> dict:
-        """Train; **collective**. Returns the summary dict (full on the first worker)."""
+        """Train; **collective**. Returns the summary dict (full on the first worker).
+
+        :attr:`preempted` then says whether the run stopped early on a
+        preemption signal (after its checkpoint).
+        """
         import hpcpax
+        from ..comm.startup import check_arrival
 
         config = self.config
+        check_arrival(self.comm, config["timeout"])  # a rank stuck in imports is named
         self.topology = hpcpax.init(config["ranks_per_node"], config["servers_per_node"],
                                     comm=self.comm)
         self.watchdog = Watchdog(self.topology.comm, config["timeout"])
         try:
-            self.summary = self._run()
+            # installed once MPI is up (MPI_Init replaces signal handlers), for the whole run:
+            # a signal during set-up is honoured at the first step boundary
+            with PreemptionHandler() as self.preemption:
+                self.summary = self._run()
             return self.summary
         finally:
             if self._bar is not None:
@@ -128,21 +136,23 @@ class Trainer:
             self.device = (select_device(topo.node_workers.Get_rank(), config["device"])
                            if topo.is_worker else Device("cpu"))
         with setup("set-up: run dir and config"):
-            self.run_dir, self.job_id = build.make_run_dir(topo, config)
+            self.run_dir, self.job_id, note = build.prepare_run_dir(topo, config)
             config["run_dir"] = self.run_dir
             check_same(topo.comm, "training config", json_safe(config))
             self.checkpoints = RunCheckpoints(topo, self.run_dir, config, self.job_id)
         with setup("set-up: model and plan"):
             self._build()
         if topo.is_server:
-            # Slurm signals every rank; a server only notes it, the workers decide.
-            with PreemptionHandler():
-                self.commands.serve()
-            return self._finish(None, 0, 0, 0.0, False, wall_start)
+            self.commands.serve()  # a server notes signals; the workers decide
+            return self._finish(0, 0, 0.0, wall_start)
+        if note:
+            self.log(note, important=True)
         with setup("set-up: sparse tables"):
             self.sync.register()
             self.write_plan()
-        with setup("set-up: data"):
+        with setup("set-up: checkpoints and data"):
+            for line in self.commands.run("check_disk"):
+                self.log(line, important=True)
             self.reader = build.open_data(config, self.model)
         start_step = self._resume() if config["resume"] else 1
         if self.is_leader and not config["quiet"]:
@@ -151,18 +161,17 @@ class Trainer:
         self._bar = ProgressBar(config["steps"], start_step - 1,
                                 self.is_leader and not config["quiet"])
         metrics = MetricsWriter(os.path.join(self.run_dir, "metrics.jsonl"), self.is_leader,
-                                truncate_after=start_step - 1)
+                                resumed_at=start_step - 1 if config["resume"] else None,
+                                job_id=self.job_id)
         self.planning.start(start_step, resumed=start_step > 1)
         try:
-            with PreemptionHandler() as preemption:
-                last, train_seconds, preempted = self._train_loop(start_step, metrics, preemption)
+            last, train_seconds = self._train_loop(start_step, metrics)
         finally:
             metrics.close()
         if self.collect:
             self.parameters = self._read_parameters()
-        self.commands.run("stop")
-        return self._finish(preemption if preempted else None, start_step, last, train_seconds,
-                            preempted, wall_start)
+        self.commands.run("stop", preempted=self.stopped)
+        return self._finish(start_step, last, train_seconds, wall_start)
 
     def _build(self) -> None:
         """Model, plan, parameter server, synchronizers, dense state; **collective**."""
@@ -186,7 +195,8 @@ class Trainer:
                                        else "table")
         self.planning.measure_fabric()
         self.commands = CommandChannel(topo, self.ps, {
-            "save": self._save, "load": self._load, "switch": self.sync.switch})
+            "save": self._save, "load": self._load, "switch": self.sync.switch,
+            "check_disk": self._check_disk, "stop": self._stop, "refuse": _refuse})
         if topo.rank == 0:
             write_json(os.path.join(self.run_dir, "config.json"),
                        {**config, "model_config": self.model.config(),
@@ -197,6 +207,7 @@ class Trainer:
         """Write a checkpoint after ``step`` steps; **collective** over the workers."""
         meta = {"config": self.config,
                 "training_fingerprint": self.checkpoints.training_fingerprint(),
+                "data_fingerprint": self.checkpoints.data_fingerprint,
                 "topology": self.topology.describe(),
                 "plan": self.planning.current_plan().to_dict(),
                 "data_position": step, "rng": "counter-based (seed, step): nothing to save",
@@ -209,20 +220,24 @@ class Trainer:
         return self.checkpoints.save(step, meta, self.sync, self.dense, self.dense_state)
 
     def _load(self, path):
-        return self.checkpoints.load(path, self.sync, self.dense, self.dense_state,
-                                     self.optimizer, self.device.xp)
+        """Every rank: load ``path``; ``(step, None)``, or ``(None, why)`` when it is damaged."""
+        try:
+            return self.checkpoints.load(path, self.sync, self.dense, self.dense_state,
+                                         self.optimizer, self.device.xp), None
+        except CheckpointError as exc:  # raised on every rank together
+            return None, str(exc)
+
+    def _check_disk(self):
+        """Every rank: stale temporaries removed, room for a checkpoint checked."""
+        return self.checkpoints.prepare(self.sync, self.dense, self.dense_state)
+
+    def _stop(self, preempted=False):
+        self.preempted = bool(preempted)
 
     def _resume(self) -> int:
-        """Load the newest complete checkpoint, if any; the step to start at."""
+        """Load the newest intact checkpoint (damaged ones skipped); the step to start at."""
         with self.watchdog.guard("set-up: resume"):  # bounded like a save inside a step
-            path = ckpt.latest(self.run_dir) if self.is_leader else None
-            path = self.topology.workers.bcast(path, root=0)
-            if path is None:
-                self.log(f"resume: no complete checkpoint in {self.run_dir}; starting at step 1")
-                return 1
-            start = self.commands.run("load", path=path) + 1
-        self.log(f"resumed from {path}: continuing at step {start}")
-        return start
+            return self.checkpoints.resume(self.commands, self.log)
 
     # ------------------------------------------------------------------ steps
     def _batch(self, position):
@@ -273,9 +288,9 @@ class Trainer:
         lap("optimizer")
         return result.loss, local_batch, times
 
-    def _train_loop(self, start_step, metrics, preemption):
-        self._loop = {"metrics": metrics, "preemption": preemption, "previous": None,
-                      "seconds": 0.0, "last": start_step - 1}
+    def _train_loop(self, start_step, metrics):
+        self._loop = {"metrics": metrics, "previous": None, "seconds": 0.0,
+                      "last": start_step - 1}
         step = start_step
         while step <= self.config["steps"] and not self.stopped:
             self.loop_step(step)
@@ -286,7 +301,7 @@ class Trainer:
                 hook(self, step - 1)
             # the planner may run further steps itself (trial steps of a search)
             step = self.planning.after_step(step - 1) + 1
-        return self._loop["last"], self._loop["seconds"], self.stopped
+        return self._loop["last"], self._loop["seconds"]
 
     def loop_step(self, step) -> None:
         """Train ``step``, write its metrics, checkpoint if due; **collective** (workers).
@@ -302,7 +317,7 @@ class Trainer:
         began = time.perf_counter()
         loss, local_batch, times = self.train_step(step)
         loss, stop, times, cumulative = reduce_step(self.topology, loss, local_batch, times,
-                                                    loop["preemption"].requested)
+                                                    self.preemption.requested)
         seconds = time.perf_counter() - began
         loop["seconds"] += seconds
         loop["last"] = step
@@ -323,27 +338,10 @@ class Trainer:
                                              or step == config["steps"]):
             self.save_checkpoint(step)
 
-    def evaluate(self, step):
-        """Mean eval metrics over ``eval_batches`` fixed global batches; **collective**."""
-        import numpy as np
-        from mpi4py import MPI
-
-        topo, config = self.topology, self.config
-        totals, weight = {}, 0.0
-        for k in range(config["eval_batches"]):
-            position = EVAL_POSITION + k
-            batch = self._batch(position)
-            ids = self.model.sparse_ids(batch, position, full=True)
-            rows = self.sync.pull(ids)
-            result = self.model.evaluate(self.dense, rows, batch, position, full=True)
-            local_batch = len(next(iter(batch.values())))
-            for key, value in result.items():
-                totals[key] = totals.get(key, 0.0) + value * local_batch
-            weight += local_batch
-        keys = sorted(totals)
-        vector = np.array([totals[k] for k in keys] + [weight], np.float64)
-        topo.workers.Allreduce(MPI.IN_PLACE, vector, op=MPI.SUM)
-        out = {k: float(vector[i] / vector[-1]) for i, k in enumerate(keys)}
+    def evaluate(self, step) -> dict:
+        """Eval metrics over ``eval_batches`` fixed global batches; **collective** (workers)."""
+        out = evaluate(self.model, self.dense, self.sync, self._batch, self.topology.workers,
+                       self.config["eval_batches"])
         self.log(f"eval after step {step}: " + ", ".join(f"{k}={v:.4f}" for k, v in out.items()))
         return out
 
@@ -373,13 +371,13 @@ class Trainer:
                 "sparse": self.sync.read_tables()}
 
     # ----------------------------------------------------------------- finish
-    def _finish(self, preemption, start_step, last, train_seconds, preempted, wall_start):
+    def _finish(self, start_step, last, train_seconds, wall_start):
         topo = self.topology
         summary = summarize(topo, self.losses, start_step=start_step, last=last,
                             global_batch=self.config["global_batch"],
                             train_seconds=train_seconds, wall=time.perf_counter() - wall_start,
-                            checkpoints=self.checkpoints, preempted=preempted,
-                            signal=preemption.signal_name if preemption else None)
+                            checkpoints=self.checkpoints, preempted=self.preempted,
+                            signal=self.preemption.signal_name if self.preempted else None)
         if not self.is_leader:
             self.log(f"done; my bytes sent {topo.accounting.totals()['sent_bytes']:,}",
                      everyone=True)
@@ -389,3 +387,8 @@ class Trainer:
         if not self.config["quiet"]:
             print(summary_line(summary, self.run_dir), flush=True)
         return summary
+
+
+def _refuse(message):
+    """Command handler: every rank raises the same :class:`CheckpointError`."""
+    raise CheckpointError(message)

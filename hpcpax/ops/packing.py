@@ -46,14 +46,15 @@ class PackedPartitions(NamedTuple):
     order: object
 
 
-def _check(indices, values, partitioning, dest_of_part, num_dest):
+def _check(indices, values, partitioning, dest_of_part, num_dest, in_range=False):
     if not isinstance(partitioning, Partitioning):
         raise TypeError(f"partitioning must be a Partitioning, not {type(partitioning).__name__}")
     indices = check_index_array("indices", indices)
     if values is not None:
         values = check_float_matrix("values", values, rows=indices.shape[0])
         check_same_device("values", values, "indices", indices)
-    check_bounds("indices", indices, partitioning.num_rows)
+    if not in_range:
+        check_bounds("indices", indices, partitioning.num_rows)
     if dest_of_part is None:
         return indices, values, None, partitioning.num_parts
     lut = np.asarray(dest_of_part, np.int64)  # host: the same table on every device
@@ -85,7 +86,8 @@ def partition_pack_reference(indices, values, partitioning, dest_of_part=None, n
     return PackedPartitions(counts, indices[order], packed_values, _displs(counts), order)
 
 
-def partition_pack(indices, values, partitioning, dest_of_part=None, num_dest=None):
+def partition_pack(indices, values, partitioning, dest_of_part=None, num_dest=None, *,
+                   in_range=False):
     """Pack rows by the partition that owns their index, or by its destination.
 
     Dispatches on the input's device: CuPy runs ``kernels/partition_pack.cu``
@@ -104,6 +106,8 @@ def partition_pack(indices, values, partitioning, dest_of_part=None, num_dest=No
             of each partition (e.g. its owner rank); rows are then grouped by
             destination, partitions of one destination in input order.
         num_dest: number of destinations (required with ``dest_of_part``).
+        in_range: the caller has checked every index is in ``[0, num_rows)``
+            (the parameter server has, before anything moves): skip that pass.
 
     Returns:
         :class:`PackedPartitions`; ``counts``/``displs`` on the host, the
@@ -113,7 +117,8 @@ def partition_pack(indices, values, partitioning, dest_of_part=None, num_dest=No
         SparseIndexError: an index is negative or ``>= num_rows``.
         TypeError / ValueError: bad dtype, shape, device or destination table.
     """
-    indices, values, lut, num_dest = _check(indices, values, partitioning, dest_of_part, num_dest)
+    indices, values, lut, num_dest = _check(indices, values, partitioning, dest_of_part, num_dest,
+                                            in_range)
     if is_device_array(indices):
         from . import _cuda  # noqa: PLC0415
 

@@ -18,7 +18,6 @@ import hashlib
 import json
 import math
 import os
-import tempfile
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -270,10 +269,12 @@ class Plan:
         return cls.from_dict(data)
 
     def save(self, path) -> None:
-        """Write the plan as JSON atomically (temporary file, then rename)."""
+        """Write the plan as JSON atomically (temporary file, then rename), mode 0666 & ~umask."""
         path = os.fspath(path)
         directory = os.path.dirname(os.path.abspath(path))
-        handle, tmp = tempfile.mkstemp(prefix=".plan-", suffix=".json.tmp", dir=directory)
+        tmp = os.path.join(directory, f".plan-{os.getpid()}-{id(self)}.json.tmp")
+        # os.open applies the umask (mkstemp's 0600 would hide the plan from the group)
+        handle = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
         try:
             with os.fdopen(handle, "w", encoding="utf-8") as stream:
                 stream.write(self.to_json())

@@ -58,7 +58,8 @@ class Hop:
         self.send_counts = np.zeros((size, len(packs)), np.int64)
         self.orders, self.arrays = [], []
         for k, (partitioning, ids, values, dest_of_part) in enumerate(packs):
-            packed = partition_pack(ids, values, partitioning, dest_of_part, size)
+            # ids were checked against the table's rows before anything moved
+            packed = partition_pack(ids, values, partitioning, dest_of_part, size, in_range=True)
             self.send_counts[:, k] = packed.counts
             self.orders.append(to_host(packed.order))
             self.arrays.append([to_host(packed.indices)] if values is None else

@@ -156,7 +156,8 @@ class ParameterServer:
         device, shape ``[len(ids), dim]``.
         """
         xp = array_module(ids)
-        unique, inverse = xp.unique(ids.astype(xp.int64, copy=False), return_inverse=True)
+        unique, inverse = xp.unique(xp.asarray(ids).astype(xp.int64, copy=False),
+                                    return_inverse=True)
         rows = xp.asarray(self._pull_many([self._var(name)], [unique])[0])
         return rows[inverse.reshape(-1)]
 
@@ -185,7 +186,7 @@ class ParameterServer:
         uniques = {}
         for n in names:
             xp = array_module(ids_by_name[n])
-            uniques[n] = xp.unique(ids_by_name[n].astype(xp.int64, copy=False))
+            uniques[n] = xp.unique(xp.asarray(ids_by_name[n]).astype(xp.int64, copy=False))
         variables = sorted((self._var(n) for n in names), key=lambda v: v.index)
         rows = self._pull_many(variables, [uniques[v.spec.name] for v in variables])
         return {v.spec.name: (uniques[v.spec.name], array_module(uniques[v.spec.name]).asarray(r))

@@ -76,7 +76,7 @@ class ReplicatedTable:
     def pull_unique(self, ids):
         """``(unique sorted ids, rows)`` on ``ids``' device; local."""
         xp = array_module(ids)
-        unique = xp.unique(ids.astype(xp.int64, copy=False))
+        unique = xp.unique(xp.asarray(ids).astype(xp.int64, copy=False))
         check_indices(self.spec.name, unique, self.spec.rows)
         rows = self.shard.gather(to_host(unique))
         return unique, (rows if xp is np else xp.asarray(rows))

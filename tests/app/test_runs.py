@@ -13,6 +13,7 @@ import pytest
 from mpi4py import MPI
 
 from hpcpax.app import checkpoint as ckpt
+from hpcpax.app.preemption import EXIT_PREEMPTED
 from hpcpax.app import report
 from hpcpax.train import main
 from hpcpax.app.trainer import Trainer
@@ -45,7 +46,7 @@ def test_cli_bad_flag_value_exits_2(tmp_path, capsys):
     assert "steps" in capsys.readouterr().err or MPI.COMM_WORLD.Get_rank() != 0
 
 
-def test_sigusr1_checkpoints_and_exits_cleanly(tmp_path):
+def test_sigusr1_checkpoints_and_exits_with_the_preempted_status(tmp_path):
     def signal_at_3(trainer, step):
         if step == 3:
             os.kill(os.getpid(), signal.SIGUSR1)
@@ -53,7 +54,7 @@ def test_sigusr1_checkpoints_and_exits_cleanly(tmp_path):
     run_dir = tmp_path / "preempt"
     status = main(["--steps", "20", "--run-dir", str(run_dir), *TINY], comm=MPI.COMM_SELF,
                   hooks=[signal_at_3])
-    assert status == 0
+    assert status == EXIT_PREEMPTED == 3
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["preempted"] and summary["signal"] == "SIGUSR1" and summary["steps"] == 4
     assert ckpt.latest(run_dir).endswith("step_000004")

@@ -9,6 +9,8 @@ Started by the reliability tests under their own ``mpirun``. Environment:
 - ``RELIABILITY_SETUP_HANG_RANK``: that (worker) rank hangs in its first
   set-up phase (device selection, as a bad GPU would), so the other ranks
   block in the next set-up collective.
+- ``RELIABILITY_EARLY_HANG_RANK``: that rank hangs before the trainer starts
+  (as in a hung import), so the others wait for it at start-up.
 - ``RELIABILITY_CRASH_IN_CHECKPOINT=STEP[:RANK]``: RANK (default the last)
   dies (``os._exit(9)``) while checkpoint STEP is half written: its files are
   in the temporary directory, the manifest is not.
@@ -91,6 +93,11 @@ if __name__ == "__main__":
         rank = MPI.COMM_WORLD.Get_rank()
         with open(os.path.join(pid_dir, f"rank{rank}.pid"), "w", encoding="ascii") as handle:
             handle.write(str(os.getpid()))
+    if os.environ.get("RELIABILITY_EARLY_HANG_RANK") == str(MPI.COMM_WORLD.Get_rank()):
+        print(f"[rank {MPI.COMM_WORLD.Get_rank()}] test hook: hanging before the trainer",
+              file=sys.stderr, flush=True)
+        while True:
+            time.sleep(1)
     hang_in_setup()
     crash_in_checkpoint()
     sys.exit(main(hooks=hang_hook()))

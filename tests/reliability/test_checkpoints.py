@@ -17,6 +17,7 @@ import pytest
 from mpi4py import MPI
 
 from hpcpax.app import checkpoint as ckpt
+from hpcpax.app.preemption import EXIT_PREEMPTED
 from hpcpax.errors import CheckpointError
 from hpcpax.app.trainer import Trainer
 from reliability_jobs import TINY, Job, run_job, serial_only
@@ -183,12 +184,12 @@ def test_damaged_checkpoint_raises_naming_the_file(one_checkpoint, case):
 
 def _resume_from(run_dir, path):
     """Resume through the trainer's own loading code."""
-    original = ckpt.latest
-    ckpt.latest = lambda _run_dir: path
+    original = ckpt.list_checkpoints
+    ckpt.list_checkpoints = lambda _run_dir: [(1, path)]
     try:
         _tiny_run(run_dir, steps=3, resume=True)
     finally:
-        ckpt.latest = original
+        ckpt.list_checkpoints = original
 
 
 @pytest.mark.timeout(60)
@@ -211,15 +212,19 @@ def test_files_follow_the_umask(tmp_path, umask):
         os.umask(old)
     paths = [os.path.join(d, n) for d, dirs, files in os.walk(run_dir) for n in dirs + files]
     assert any(p.endswith(".h5") for p in paths)
+    assert any(p.endswith("plan.json") for p in paths)
     for path in paths:
         mode = stat.S_IMODE(os.stat(path).st_mode)
-        assert mode & umask == 0, f"{path}: mode {oct(mode)} under umask {oct(umask)}"
+        want = (0o777 if os.path.isdir(path) else 0o666) & ~umask  # what open/mkdir give
+        assert mode == want, f"{path}: mode {oct(mode)} under umask {oct(umask)}"
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("signum", [signal.SIGUSR1, signal.SIGTERM], ids=["USR1", "TERM"])
+@pytest.mark.parametrize("signum", [signal.SIGUSR1, signal.SIGTERM, signal.SIGINT],
+                         ids=["USR1", "TERM", "INT"])
 def test_preemption_signal_to_every_rank_checkpoints_and_resumes(tmp_path, uninterrupted, signum):
-    """As Slurm does: the signal reaches every rank, servers included."""
+    """As Slurm does (and Ctrl-C on mpirun): the signal reaches every rank, servers
+    included; the run checkpoints and ends with the documented status 3."""
     serial_only()
     run_dir = tmp_path / "run"
     job = Job(4, ["--steps", "400", "--run-dir", str(run_dir), *TINY], tmp_path, limit=150)
@@ -235,7 +240,7 @@ def test_preemption_signal_to_every_rank_checkpoints_and_resumes(tmp_path, unint
     finally:
         job.kill()
     print(f"--- {signal.Signals(signum).name}: exit {status} {elapsed:.1f} s after the signal")
-    assert status == 0 and elapsed < 30, text
+    assert status == EXIT_PREEMPTED and elapsed < 30, (status, text)
     summary = json.loads((run_dir / "summary.json").read_text())
     stopped = summary["steps"]
     assert summary["preempted"] and summary["signal"] == signal.Signals(signum).name

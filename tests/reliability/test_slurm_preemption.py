@@ -1,10 +1,16 @@
-"""Under the real Slurm (``.ci/slurm_up.sh``): USR1 to the batch shell -> checkpoint, requeue, resume.
+"""Under the real Slurm (``.ci/slurm_up.sh``): preemption, requeue, resubmission.
 
-Slurm holds a requeued job ~2.5 min before it starts again, so this takes ~3 min.
+- USR1 to the batch shell -> checkpoint, requeue, resume (Slurm holds a
+  requeued job ~2.5 min before it starts again, so this one takes ~3 min);
+- USR1 to the ranks only (``scancel --signal=USR1`` without ``--batch``) ->
+  checkpoint, exit status 3, the job script requeues the job;
+- the same job script submitted twice continues its run instead of
+  training it again from step 1.
 
 Skips cleanly without Slurm. Serial suite only; a few minutes at most.
 """
 
+import json
 import shutil
 import subprocess
 import sys
@@ -35,30 +41,44 @@ def _state(job_id):
     return fields.get("JobState"), fields.get("Restarts", "0")
 
 
-@pytest.mark.timeout(400)
-def test_usr1_checkpoints_requeues_and_finishes(tmp_path):
-    serial_only()
+def _script(tmp_path, run_dir, steps, checkpoint_every):
+    """Render the single-node template for the tiny model; returns its path."""
     if not _slurm_up():
         pytest.skip("no Slurm (run .ci/slurm_up.sh)")
-    run_dir = tmp_path / "run"
-    train_args = " ".join(TINY + ["--steps", "1000"])
     script = tmp_path / "job.sbatch"
     subprocess.run([sys.executable, "-m", "hpcpax.jobscript", "single_node", "--job-name",
                     "hpcpax-rel", "--ntasks-per-node", "4", "--time", "00:10:00",
                     "--slurm-output", str(tmp_path / "slurm-%j.out"),
                     "--activate", f"source '{Path(sys.executable).parent / 'activate'}'",
-                    "--train-args", train_args, "--checkpoint-every", "500",
+                    "--train-args", " ".join(TINY + ["--steps", str(steps)]),
+                    "--checkpoint-every", str(checkpoint_every),
                     "--run-dir", str(run_dir), "-o", str(script)], cwd=ROOT, check=True)
-    job_id = subprocess.run(["sbatch", "--parsable", "--overcommit", "--chdir", str(ROOT),
-                             str(script)], capture_output=True, text=True, check=True,
-                            timeout=30).stdout.strip().split(";")[0]
+    return script
+
+
+def _submit(script, *flags):
+    return subprocess.run(["sbatch", "--parsable", "--overcommit", "--chdir", str(ROOT), *flags,
+                           str(script)], capture_output=True, text=True, check=True,
+                          timeout=600).stdout.strip().split(";")[0]
+
+
+def _wait_for_metrics(run_dir, job_id):
+    deadline = time.monotonic() + 120
+    metrics = run_dir / "metrics.jsonl"
+    while time.monotonic() < deadline and not (metrics.exists()
+                                               and len(metrics.read_text()) > 0):
+        time.sleep(0.5)
+    assert metrics.exists(), f"job {job_id} wrote no metrics: {_state(job_id)}"
+
+
+@pytest.mark.timeout(400)
+def test_usr1_checkpoints_requeues_and_finishes(tmp_path):
+    serial_only()
+    run_dir = tmp_path / "run"
+    script = _script(tmp_path, run_dir, steps=300, checkpoint_every=150)
+    job_id = _submit(script)
     try:
-        deadline = time.monotonic() + 120
-        metrics = run_dir / "metrics.jsonl"
-        while time.monotonic() < deadline and not (metrics.exists()
-                                                   and len(metrics.read_text()) > 0):
-            time.sleep(0.5)
-        assert metrics.exists(), f"job {job_id} wrote no metrics: {_state(job_id)}"
+        _wait_for_metrics(run_dir, job_id)
         subprocess.run(["scancel", "--signal=USR1", "--batch", job_id], check=True, timeout=30)
         deadline = time.monotonic() + 240
         while time.monotonic() < deadline:
@@ -71,6 +91,57 @@ def test_usr1_checkpoints_requeues_and_finishes(tmp_path):
         assert "asking the ranks to checkpoint" in output and "requeueing job" in output
         assert state == "COMPLETED" and int(restarts) >= 1, (state, restarts, output[-2000:])
         assert "restart 1" in output
-        assert ckpt.latest(run_dir).endswith(ckpt.checkpoint_name(1000))
+        assert ckpt.latest(run_dir).endswith(ckpt.checkpoint_name(300))
     finally:
         subprocess.run(["scancel", job_id], timeout=30)
+
+
+@pytest.mark.timeout(200)
+def test_usr1_to_the_ranks_exits_3_and_the_script_requeues(tmp_path):
+    """``scancel --signal=USR1 JOB`` reaches the ranks, not the batch shell: they
+    checkpoint and exit 3; the script sees 3 and requeues instead of COMPLETING."""
+    serial_only()
+    run_dir = tmp_path / "run"
+    script = _script(tmp_path, run_dir, steps=5000, checkpoint_every=2500)
+    job_id = _submit(script)
+    try:
+        _wait_for_metrics(run_dir, job_id)
+        subprocess.run(["scancel", "--signal=USR1", job_id], check=True, timeout=30)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            state, restarts = _state(job_id)
+            if int(restarts) >= 1 or state in ("COMPLETED", "FAILED", "CANCELLED"):
+                break
+            time.sleep(1)
+        output = "".join(p.read_text() for p in tmp_path.glob("slurm-*.out"))
+        print(output[-3000:])
+        assert int(restarts) >= 1 and state != "COMPLETED", (state, restarts, output[-2000:])
+        assert "checkpointed after a preemption signal; requeueing job" in output
+        summary = json.loads((run_dir / "summary.json").read_text())
+        assert summary["preempted"] and summary["signal"] == "SIGUSR1"
+        assert ckpt.latest(run_dir).endswith(ckpt.checkpoint_name(summary["steps"]))
+    finally:
+        subprocess.run(["scancel", job_id], timeout=30)
+
+
+@pytest.mark.timeout(300)
+def test_a_resubmitted_job_continues_its_run(tmp_path):
+    """``sbatch --wait j.sbatch && sbatch --wait j.sbatch``: the second job resumes the
+    finished run (no step trained twice, no file of the first run rewritten)."""
+    serial_only()
+    run_dir = tmp_path / "run"
+    script = _script(tmp_path, run_dir, steps=6, checkpoint_every=3)
+    first = _submit(script, "--wait")
+    assert _state(first)[0] == "COMPLETED", _state(first)
+    lines = (run_dir / "metrics.jsonl").read_text()
+    checkpoint = ckpt.latest(run_dir)
+    manifest = (Path(checkpoint) / ckpt.MANIFEST).read_text()
+    second = _submit(script, "--wait")
+    output = "".join(p.read_text() for p in tmp_path.glob("slurm-*.out"))
+    assert _state(second)[0] == "COMPLETED", (_state(second), output[-2000:])
+    text = (run_dir / "metrics.jsonl").read_text()
+    assert text.startswith(lines)  # appended, never cut
+    added = [json.loads(line) for line in text[len(lines):].splitlines()]
+    assert not [r for r in added if "loss" in r], added  # nothing trained again
+    assert ckpt.latest(run_dir) == checkpoint
+    assert (Path(checkpoint) / ckpt.MANIFEST).read_text() == manifest

@@ -13,6 +13,7 @@ import pytest
 from mpi4py import MPI
 
 from hpcpax.errors import ConfigError
+from hpcpax.comm.startup import check_arrival
 from hpcpax.comm.watchdog import DEFAULT_TIMEOUT, Watchdog, resolve_timeout
 from reliability_jobs import TINY, Job, serial_only
 
@@ -182,3 +183,39 @@ def test_killed_rank_ends_the_job(tmp_path, victim):
     assert status != 0 and elapsed < BOUND
     by_hydra = "BAD TERMINATION" in text and ("signal 9" in text or "EXIT CODE: 9" in text)
     assert by_hydra or f"no answer from ranks [{victim}]" in text, text
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.timeout(60)
+def test_arrival_check_names_a_rank_that_never_starts(comm):
+    """Before any collective: the last rank never arrives; rank 0 names it, the others
+    report rank 0's silence; nobody hangs."""
+    work = comm.Dup()  # leftover messages of the failed check stay off COMM_WORLD
+    try:
+        assert check_arrival(work, timeout=20) >= 0.0  # everyone arrives: no report
+        reports = []
+        late = work.Get_size() - 1
+        if work.Get_rank() != late:
+            check_arrival(work, timeout=1.0, abort=reports.append)
+        if work.Get_rank() == 0:
+            ok = len(reports) == 1 and f"ranks [{late}] of {work.Get_size()} did not arrive " \
+                "within 1 s" in reports[0]
+        elif work.Get_rank() != late:
+            ok = len(reports) == 1 and "waited 1 s for rank 0" in reports[0]
+        else:
+            ok = not reports
+        assert comm.allreduce(ok, op=MPI.LAND)
+    finally:
+        comm.Barrier()
+        work.Free()
+
+
+@pytest.mark.timeout(150)
+def test_rank_stuck_before_the_trainer_starts_is_named(tmp_path):
+    """Rank 2 hangs before the trainer starts (as in a hung import): the others do not
+    wait forever in their first collective; rank 0 names rank 2."""
+    serial_only()
+    status, elapsed, text = _fault(tmp_path, lambda job, run_dir: job.pids(),
+                                   RELIABILITY_EARLY_HANG_RANK=2)
+    assert status != 0 and elapsed < BOUND + 20  # start-up of 4 ranks included
+    assert "hpcpax start-up: ranks [2] of 4 did not arrive within 8 s" in text, text

@@ -150,3 +150,12 @@ def test_cli_as_module(tmp_path):
                             cwd=pathlib.Path(__file__).resolve().parents[2])
     assert result.returncode == 0, result.stderr
     assert "single_node" in result.stdout.split()
+
+
+def test_help_without_a_template_lists_every_templates_flags():
+    out = subprocess.run([sys.executable, "-m", "hpcpax.jobscript", "--help"],
+                         capture_output=True, text=True, timeout=60, check=True).stdout
+    for name in TEMPLATES:
+        line = next(l for l in out.splitlines() if l.startswith(f"{name} flags:"))
+        assert all(f"--{p.replace('_', '-')}" in line.split()
+                   for p in load_template(name).placeholders), line

@@ -1,0 +1,238 @@
+"""Nothing lost, nothing silently wrong: run directories, disks, damaged and linked checkpoints.
+
+Each test reproduces a case of issue 12 in-process (one rank, ``COMM_SELF``).
+"""
+
+import json
+import os
+import shutil
+import signal
+import stat
+import subprocess
+
+import h5py
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+from hpcpax.app import build, checkpoint as ckpt
+from hpcpax.app.metrics import read_metrics
+from hpcpax.app.trainer import Trainer
+from hpcpax.data import write_lm
+from hpcpax.errors import CheckpointError, ConfigError, MismatchError
+
+SMALL = {"model": "lm", "vocab_size": 300, "context": 3, "emb_dim": 8, "hidden": [16],
+         "out_dim": 8, "num_sampled": 16, "global_batch": 12, "synthetic_samples": 5000,
+         "plan": "ps", "quiet": True}
+
+
+def run(run_dir, **config):
+    trainer = Trainer({**SMALL, "run_dir": str(run_dir), **config}, comm=MPI.COMM_SELF)
+    trainer.run()
+    return trainer
+
+
+# ---------------------------------------------------------------- 1. run dirs
+def test_a_run_directory_holding_a_run_is_never_restarted(tmp_path):
+    run_dir = tmp_path / "run"
+    run(run_dir, steps=3, checkpoint_every=3)
+    lines = (run_dir / "metrics.jsonl").read_text()
+    with pytest.raises(ConfigError, match=r"already holds a run \(metrics up to step 3, "
+                                          r"checkpoints up to step 3, summary.json\); pass "
+                                          r"--resume to continue it, --overwrite"):
+        run(run_dir, steps=5)
+    assert (run_dir / "metrics.jsonl").read_text() == lines  # untouched
+    resumed = run(run_dir, steps=5, resume=True)
+    assert resumed.summary["start_step"] == 4
+    assert (run_dir / "metrics.jsonl").read_text().startswith(lines)  # appended, never cut
+    assert [r["step"] for r in read_metrics(run_dir / "metrics.jsonl")] == [1, 2, 3, 4, 5]
+
+
+def test_resume_without_a_checkpoint_is_refused_and_overwrite_keeps_the_old_run(tmp_path):
+    run_dir = tmp_path / "run"
+    run(run_dir, steps=2)  # no checkpoint_every: metrics, no checkpoint
+    with pytest.raises(ConfigError, match=r"resume: run directory .* holds a run \(metrics up "
+                                          r"to step 2, summary.json\) but no complete "
+                                          r"checkpoint to continue from"):
+        run(run_dir, steps=4, resume=True)
+    run(run_dir, steps=1, overwrite=True)
+    kept = [p for p in tmp_path.iterdir() if p.name.startswith("run.replaced-")]
+    assert len(kept) == 1 and len(read_metrics(kept[0] / "metrics.jsonl")) == 2
+    assert [r["step"] for r in read_metrics(run_dir / "metrics.jsonl")] == [1]
+    with pytest.raises(ConfigError, match="resume and overwrite exclude each other"):
+        run(run_dir, resume=True, overwrite=True)
+
+
+def test_a_new_run_directory_with_resume_starts_at_step_1(tmp_path):
+    assert run(tmp_path / "fresh", steps=2, resume=True).summary["start_step"] == 1
+
+
+def test_resumed_metrics_supersede_the_steps_after_the_checkpoint(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in [
+        {"step": 1, "loss": 3.0}, {"step": 2, "loss": 2.0}, {"step": 3, "loss": 1.0},
+        {"resumed_at": 2}, {"step": 3, "loss": 1.5}]))
+    assert [(r["step"], r["loss"]) for r in read_metrics(path)] == [(1, 3.0), (2, 2.0), (3, 1.5)]
+    assert len(read_metrics(path, raw=True)) == 5
+
+
+# ----------------------------------------------------------- 2. signal in set-up
+def test_a_signal_during_set_up_is_honoured_at_the_first_step(tmp_path, monkeypatch):
+    opened = build.open_data
+
+    def signal_while_opening(config, model):  # the last set-up phase
+        os.kill(os.getpid(), signal.SIGUSR1)
+        return opened(config, model)
+
+    monkeypatch.setattr(build, "open_data", signal_while_opening)
+    trainer = run(tmp_path / "run", steps=20)
+    assert trainer.preempted and trainer.summary["steps"] == 1
+    assert ckpt.latest(tmp_path / "run").endswith("step_000001")
+
+
+# -------------------------------------------------------------------- 3. disks
+def _mount_tmpfs(path, options):
+    if os.geteuid() != 0 or not shutil.which("mount"):
+        pytest.skip("needs root to mount a tmpfs")
+    path.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)],
+                          capture_output=True, text=True, timeout=30)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
+
+
+def _umount(path):
+    subprocess.run(["umount", "-l", str(path)], capture_output=True, timeout=30)
+
+
+def test_a_read_only_checkpoint_directory_is_found_at_start_up(tmp_path):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    _mount_tmpfs(run_dir / "checkpoints", "size=1m,ro")
+    try:
+        with pytest.raises(CheckpointError, match=r"cannot write checkpoints into .*checkpoints: "
+                                                  r"Read-only file system"):
+            run(run_dir, steps=3)
+        assert not (run_dir / "metrics.jsonl").exists()  # refused before the first step
+    finally:
+        _umount(run_dir / "checkpoints")
+
+
+def test_no_room_for_a_checkpoint_is_found_at_start_up(tmp_path):
+    run_dir = tmp_path / "run"
+    _mount_tmpfs(run_dir, "size=64k")
+    try:
+        with pytest.raises(CheckpointError, match=r"no room for a checkpoint in .*: one needs "
+                                                  r"about .* the file system has .* free"):
+            run(run_dir, steps=3, vocab_size=20000)  # ~2 MB of sparse rows and state
+    finally:
+        _umount(run_dir)
+
+
+def test_a_failed_write_is_one_clear_error_and_keeps_the_previous_checkpoint(tmp_path,
+                                                                              monkeypatch):
+    run_dir = tmp_path / "run"
+    run(run_dir, steps=2, checkpoint_every=2)
+    write = ckpt._write_sparse
+
+    def disk_full(path, variables):
+        write(path, variables)
+        raise RuntimeError("Can't write data (file write failed: errno = 28, No space left)")
+
+    monkeypatch.setattr(ckpt, "_write_sparse", disk_full)
+    with pytest.raises(CheckpointError, match=r"rank 0: writing into .*step_000004.tmp-.* "
+                                              r"failed: Can't write data"):
+        run(run_dir, steps=4, checkpoint_every=2, resume=True)
+    monkeypatch.setattr(ckpt, "_write_sparse", write)
+    ckpt.verify(ckpt.latest(run_dir))
+    assert ckpt.latest(run_dir).endswith("step_000002")
+    stale = [n for n in os.listdir(run_dir / "checkpoints") if ".tmp-" in n]
+    assert stale  # what a crashed save leaves; the next start removes it
+    trainer = run(run_dir, steps=4, checkpoint_every=2, resume=True)
+    assert trainer.summary["start_step"] == 3
+    assert not [n for n in os.listdir(run_dir / "checkpoints") if ".tmp-" in n]
+
+
+# ------------------------------------------------------- 4. damaged checkpoints
+def test_a_damaged_newest_checkpoint_falls_back_to_the_previous_one(tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    run(run_dir, steps=4, checkpoint_every=2, keep_checkpoints=0)
+    newest = ckpt.latest(run_dir)
+    with open(os.path.join(newest, "dense.h5"), "r+b") as handle:
+        handle.seek(-32, os.SEEK_END)
+        handle.write(b"\xff" * 32)
+    trainer = run(run_dir, steps=6, resume=True, quiet=False)
+    assert trainer.summary["start_step"] == 3
+    out = capsys.readouterr().out
+    assert f"resume: WARNING: skipping damaged checkpoint {newest}" in out and "dense.h5" in out
+
+
+# ----------------------------------------------------------------- 7. links
+def _reseal(path):
+    """Recompute the manifest's sums, as an attacker able to write the directory would."""
+    manifest = json.loads((path / ckpt.MANIFEST).read_text())
+    for name in manifest["files"]:
+        manifest["files"][name] = ckpt._file_entry(path / name)
+    (path / ckpt.MANIFEST).write_text(json.dumps(manifest))
+
+
+def test_links_in_a_checkpoint_are_refused_even_with_a_matching_manifest(tmp_path):
+    run_dir = tmp_path / "run"
+    run(run_dir, steps=2, checkpoint_every=2)
+    path = tmp_path / "run" / "checkpoints" / "step_000002"
+    other = tmp_path / "other.h5"
+    with h5py.File(path / "dense.h5", "r") as f:
+        name = next(iter(f["params"]))
+        with h5py.File(other, "w") as g:
+            g["w"] = np.full(f["params"][name].shape, 7.0, f["params"][name].dtype)
+    with h5py.File(path / "dense.h5", "r+") as f:
+        del f["params"][name]
+        f["params"][name] = h5py.ExternalLink(str(other), "w")
+    _reseal(path)
+    ckpt.verify(path)  # the sums match: only the link is hashed
+    with pytest.raises(CheckpointError, match=rf"dense.h5: 'params/{name}' is a ExternalLink "
+                                              rf"to .*other.h5"):
+        ckpt.load_dense(path)
+
+
+def test_a_sparse_file_the_manifest_does_not_list_is_never_read(tmp_path):
+    run_dir = tmp_path / "run"
+    run(run_dir, steps=2, checkpoint_every=2)
+    path = tmp_path / "run" / "checkpoints" / "step_000002"
+    victim = sorted(p for p in path.iterdir() if p.name.startswith("sparse_rank"))[0]
+    shutil.copy(victim, path / "sparse_rank99.h5")  # the same rows again, unlisted
+    gids = np.arange(10)
+    table, _, _ = ckpt.load_rows(path, "embedding", gids)  # would raise "duplicated"
+    assert table.shape[0] == 10
+
+
+# --------------------------------------------------------------- 9. data moved
+def test_resume_follows_the_data_file_content_not_its_path(tmp_path):
+    rng = np.random.default_rng(0)
+    vocab = ["<unk>"] + [f"w{i}" for i in range(299)]
+    first = tmp_path / "a.h5"
+    write_lm(first, rng.integers(0, 300, 5000), vocab)
+    run_dir = tmp_path / "run"
+    config = {**SMALL, "data": str(first)}
+    config.pop("synthetic_samples")
+    Trainer({**config, "run_dir": str(run_dir), "steps": 2, "checkpoint_every": 2},
+            comm=MPI.COMM_SELF).run()
+    moved = tmp_path / "moved.h5"
+    os.rename(first, moved)
+    resumed = Trainer({**config, "data": str(moved), "run_dir": str(run_dir), "steps": 3,
+                       "resume": True}, comm=MPI.COMM_SELF)
+    resumed.run()
+    assert resumed.summary["start_step"] == 3
+    write_lm(moved, rng.integers(0, 300, 5000), vocab)  # same path, other content
+    with pytest.raises(MismatchError, match=r"data file .*moved.h5 has other content"):
+        Trainer({**config, "data": str(moved), "run_dir": str(run_dir), "steps": 4,
+                 "resume": True}, comm=MPI.COMM_SELF).run()
+
+
+def test_plan_json_follows_the_umask(tmp_path):
+    old = os.umask(0o022)
+    try:
+        run(tmp_path / "run", steps=1)
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(os.stat(tmp_path / "run" / "plan.json").st_mode) == 0o644
