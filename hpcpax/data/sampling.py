@@ -19,7 +19,8 @@ import numpy as np
 
 from hpcpax.errors import DataError
 
-__all__ = ["check_geometry", "check_int", "mix64", "permute", "sample_indices"]
+__all__ = ["check_geometry", "check_int", "mix64", "permute", "sample_indices",
+           "sample_index_block"]
 
 _FEISTEL_ROUNDS = 6
 _TAG_SHUFFLE = 0x5348554646  # "SHUFF": separates shuffle keys from data-generation streams
@@ -126,6 +127,40 @@ def check_geometry(step, global_batch, shard, num_shards, num_samples, name):
     return global_batch // num_shards
 
 
+def sample_index_block(first_step, steps, global_batch, shard, num_shards, num_samples,
+                       shuffle=False, seed=0, name="data"):
+    """Sample indices of ``shard`` for steps ``first_step .. first_step + steps - 1``.
+
+    One vectorized permutation for many steps: a reader that asks step by
+    step pays NumPy's per-call cost (the Feistel rounds are some 60 small
+    array operations) once per block instead of once per step.
+
+    Returns:
+        int64 array ``[steps, global_batch // num_shards]``; row ``k`` equals
+        ``sample_indices(first_step + k, ...)``.
+    """
+    local = check_geometry(first_step, global_batch, shard, num_shards, num_samples, name)
+    steps = check_int(steps, "steps", 1)
+    seed = check_int(seed, "seed")
+    if seed < 0:
+        raise DataError(f"{name}: seed must be >= 0, not {seed}")
+    first = first_step * global_batch + shard * local  # Python int: no overflow at any step
+    last = (first_step + steps - 1) * global_batch + shard * local
+    if last + local >= 2**62:
+        raise DataError(f"{name}: step {first_step + steps - 1} is too large for int64 positions")
+    positions = (first + np.arange(steps, dtype=np.int64)[:, None] * global_batch
+                 + np.arange(local, dtype=np.int64)).reshape(-1)
+    epochs = positions // num_samples
+    offsets = positions - epochs * num_samples
+    if shuffle:
+        result = np.empty_like(offsets)
+        for epoch in np.unique(epochs):  # each epoch has its own permutation
+            in_epoch = epochs == epoch
+            result[in_epoch] = permute(offsets[in_epoch], num_samples, seed, int(epoch))
+        offsets = result
+    return offsets.reshape(steps, local)
+
+
 def sample_indices(step, global_batch, shard, num_shards, num_samples, shuffle=False, seed=0,
                    name="data"):
     """Indices of the samples that ``shard`` of ``num_shards`` reads at ``step``.
@@ -136,21 +171,5 @@ def sample_indices(step, global_batch, shard, num_shards, num_samples, shuffle=F
         int64 array of ``global_batch // num_shards`` sample indices, in batch
         order (not sorted when ``shuffle`` is on).
     """
-    local = check_geometry(step, global_batch, shard, num_shards, num_samples, name)
-    seed = check_int(seed, "seed")
-    if seed < 0:
-        raise DataError(f"{name}: seed must be >= 0, not {seed}")
-    first = step * global_batch + shard * local  # Python int: no overflow at any step
-    if first + local >= 2**62:
-        raise DataError(f"{name}: step {step} is too large for int64 positions")
-    positions = first + np.arange(local, dtype=np.int64)
-    epochs = positions // num_samples
-    offsets = positions - epochs * num_samples
-    if not shuffle:
-        return offsets
-    result = np.empty_like(offsets)
-    # A local batch spans at most two epochs (G <= N), each with its own permutation.
-    for epoch in np.unique(epochs):
-        in_epoch = epochs == epoch
-        result[in_epoch] = permute(offsets[in_epoch], num_samples, seed, int(epoch))
-    return result
+    return sample_index_block(step, 1, global_batch, shard, num_shards, num_samples, shuffle,
+                              seed, name)[0]
