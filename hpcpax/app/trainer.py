@@ -32,11 +32,14 @@ import time
 import numpy as np
 
 from . import checkpoint as ckpt
-from .config import TRAINING_KEYS, load_plan_file, model_kwargs, normalize_plan, resolve
+from .config import TRAINING_KEYS, load_plan_file, normalize_plan, resolve
+from .datasets import build_model, open_data
+from .evaluation import evaluate
+from .throughput import steady_throughput, unsteady_steps
 from ..backend import Device, select_device, to_host
 from ..comm.agreement import check_same, fingerprint
 from ..errors import CheckpointError, ConfigError
-from .metrics import MetricsWriter, ProgressBar, json_safe
+from .metrics import MetricsWriter, ProgressBar, json_safe, read_metrics
 from ..plan.controller import MEASURED_MODES, PlanController
 from .preemption import PreemptionHandler
 from ..ps.memory import parse_bytes
@@ -50,8 +53,6 @@ TIME_PHASES = ("data", "pull", "compute", "push", "dense", "optimizer")
 BYTE_PHASES = ("pull", "push", "intra_node", "dense", "allgather", "dense_sparse", "control",
                "repartition")
 _BYTE_FIELDS = ("sent_bytes", "recv_bytes", "sent_inter_bytes")
-#: Evaluation reads fixed global batches from this position on (no held-out split).
-EVAL_POSITION = 1_000_003
 
 
 class Trainer:
@@ -137,42 +138,8 @@ class Trainer:
                               f"has {names}")
         return {name: plan.get(name, {"method": "ps", "partitions": None}) for name in names}
 
-    def _open_data(self):
-        from ..data import open_dataset
-
-        config, model = self.config, self.model
-        if config["model"] == "lm":
-            options = {"context": model.context, "shuffle": config["shuffle"],
-                       "seed": config["seed"]}
-            if config["data"] is None:
-                return open_dataset("synthetic", "lm", num_tokens=config["synthetic_samples"],
-                                    vocab_size=model.vocab_size, **options)
-            reader = open_dataset(config["data"], "lm", **options)
-        else:
-            options = {"shuffle": config["shuffle"], "seed": config["seed"]}
-            if config["data"] is None:
-                return open_dataset("synthetic", "ctr", num_samples=config["synthetic_samples"],
-                                    n_dense=model.n_dense, n_fields=model.n_fields,
-                                    cardinality=list(model.table_rows), **options)
-            reader = open_dataset(config["data"], "ctr", **options)
-        return reader
-
     def _build_model(self):
-        from ..data import open_dataset
-        from ..models import build_model
-
-        config = self.config
-        kwargs = model_kwargs(config)
-        if config["data"] is not None:
-            # Sizes the data file fixes, unless given: vocabulary, feature counts.
-            with open_dataset(config["data"], config["model"], **(
-                    {"context": kwargs.get("context", 4)} if config["model"] == "lm" else {})) as r:
-                if config["model"] == "lm":
-                    kwargs.setdefault("vocab_size", int(r.vocab_size))
-                else:
-                    kwargs.setdefault("n_dense", int(r.n_dense))
-                    kwargs.setdefault("n_fields", int(r.n_fields))
-        return build_model(config["model"], **kwargs)
+        return build_model(self.config)
 
     def _sparse_specs(self):
         from ..ps.server import SparseVariableSpec
@@ -384,7 +351,7 @@ class Trainer:
                                                    for n, p in self.dense.items()},
                                             op="mean", bucket_bytes=config["bucket_bytes"] or None)
         with setup("set-up: data"):
-            self.reader = self._open_data()
+            self.reader, self.eval_set = open_data(self.model, config)
 
         start_step = 1
         if config["resume"]:
@@ -592,28 +559,9 @@ class Trainer:
             self.save_checkpoint(step)
 
     def evaluate(self, step):
-        """Mean eval metrics over ``eval_batches`` fixed global batches; **collective**."""
-        from mpi4py import MPI
-
-        topo, config = self.topology, self.config
-        totals, weight = {}, 0.0
-        for k in range(config["eval_batches"]):
-            position = EVAL_POSITION + k
-            batch = self._batch(position)
-            ids = self.model.sparse_ids(batch, position, full=True)
-            rows = self._pull_all(ids)
-            result = self.model.evaluate(self.dense, rows, batch, position, full=True)
-            local_batch = len(next(iter(batch.values())))
-            for key, value in result.items():
-                totals[key] = totals.get(key, 0.0) + value * local_batch
-            weight += local_batch
-        keys = sorted(totals)
-        vector = np.array([totals[k] for k in keys] + [weight], np.float64)
-        topo.workers.Allreduce(MPI.IN_PLACE, vector, op=MPI.SUM)
-        out = {k: float(vector[i] / vector[-1]) for i, k in enumerate(keys)}
-        self._log(f"eval after step {step}: "
-                  + ", ".join(f"{k}={v:.4f}" for k, v in out.items()))
-        return out
+        """Eval metrics on the eval set, from global sums (see :mod:`.evaluation`); **collective**."""
+        return evaluate(self.model, self.dense, self._pull_all, self.eval_set, self.topology,
+                        self.config, device=self.device, step=step, log=self._log)
 
     def switch_method(self, name, method):
         """Move sparse variable ``name`` to ``method``, exactly; **collective** (workers).
@@ -698,12 +646,16 @@ class Trainer:
         self._bar.close()
         steps_run = max(0, last - start_step + 1)
         wall = time.perf_counter() - wall_start
+        steady = steady_throughput(
+            [r for r in read_metrics(os.path.join(self.run_dir, "metrics.jsonl"))
+             if "loss" in r and start_step <= r["step"] <= last],
+            self.config["global_batch"], unsteady_steps(self.config, start_step, self.planning))
         summary = {
             "steps": last, "steps_run": steps_run, "start_step": start_step,
             "first_loss": self.losses[0] if self.losses else None,
             "final_loss": self.losses[-1] if self.losses else None,
-            "mean_samples_per_s": (steps_run * self.config["global_batch"] / train_seconds
-                                   if train_seconds else None),
+            "mean_samples_per_s": steady["samples_per_s"],  # steady state: see "throughput"
+            "throughput": steady,
             "wall_seconds": wall, "train_seconds": train_seconds,
             "checkpoint_seconds": self.checkpoint_seconds,
             "preempted": preempted,
