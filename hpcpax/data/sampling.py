@@ -8,11 +8,14 @@ in epoch ``p // N`` at offset ``p % N`` and names sample ``offset`` (or
 takes the contiguous run ``[s*G + r*G/n, s*G + (r+1)*G/n)`` of positions, so
 concatenating the shards in rank order gives the global batch.
 
-The shuffle is a keyed Feistel network over ``[0, 2**b)`` with cycle walking
-into ``[0, N)``: a bijection that a rank evaluates for its own ``G/n``
-positions only, in ``O(G/n)`` time and memory, however large ``N`` is.
+The shuffle is a keyed Feistel network over ``[0, a*b)`` (``a, b`` about
+``sqrt(N)``, rounds alternating the moduli ``a`` and ``b``) with cycle walking
+into ``[0, N)`` (rarely needed: ``a*b - N < a``): a bijection that a rank
+evaluates for its own ``G/n`` positions only, in ``O(G/n)`` time and memory,
+however large ``N`` is. Readers evaluate it for a block of steps at a time.
 """
 
+import math
 import operator
 
 import numpy as np
@@ -22,7 +25,7 @@ from hpcpax.errors import DataError
 __all__ = ["check_geometry", "check_int", "mix64", "permute", "sample_indices",
            "sample_index_block"]
 
-_FEISTEL_ROUNDS = 6
+_FEISTEL_ROUNDS = 4  # even: the last round leaves (left, right) in [0, a) x [0, b)
 _TAG_SHUFFLE = 0x5348554646  # "SHUFF": separates shuffle keys from data-generation streams
 
 
@@ -39,10 +42,14 @@ def check_int(value, name, minimum=None):
 
 def mix64(values):
     """SplitMix64 finalizer: a fast, well-mixed hash of uint64 values (elementwise)."""
-    z = np.asarray(values, dtype=np.uint64) + np.uint64(0x9E3779B97F4A7C15)
-    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    return z ^ (z >> np.uint64(31))
+    z = np.array(values, dtype=np.uint64)  # a copy, then in place: half the temporaries
+    z += np.uint64(0x9E3779B97F4A7C15)
+    z ^= z >> np.uint64(30)
+    z *= np.uint64(0xBF58476D1CE4E5B9)
+    z ^= z >> np.uint64(27)
+    z *= np.uint64(0x94D049BB133111EB)
+    z ^= z >> np.uint64(31)
+    return z
 
 
 def _round_keys(seed, epoch):
@@ -50,14 +57,21 @@ def _round_keys(seed, epoch):
     return np.random.SeedSequence(entropy).generate_state(_FEISTEL_ROUNDS, dtype=np.uint64)
 
 
-def _feistel(values, keys, half_bits):
-    mask = np.uint64((1 << half_bits) - 1)
-    shift = np.uint64(half_bits)
-    left = values >> shift
-    right = values & mask
-    for key in keys:
-        left, right = right, left ^ (mix64(right ^ key) & mask)
-    return (left << shift) | right
+def _feistel(values, keys, moduli):
+    """Alternating-modulus Feistel on ``[0, a*b)``: ``x = left*b + right``, ``left`` in
+    ``[0, a)``, ``right`` in ``[0, b)``; each round maps ``(left, right)`` to
+    ``(right, (left + F(right)) mod m)`` with ``m`` alternating ``a, b``, a bijection."""
+    a, b = moduli
+    left, right = np.divmod(values, b)
+    shift = np.uint64(32)
+    for round_index, key in enumerate(keys):
+        modulus = a if round_index % 2 == 0 else b
+        # F(right) in [0, modulus): the high 32 bits of a hash, scaled (no division)
+        mixed = (mix64(right ^ key) >> shift) * modulus >> shift
+        mixed += left
+        mixed -= modulus * (mixed >= modulus)
+        left, right = right, mixed
+    return left * b + right  # an even round count ends with left in [0, a)
 
 
 def permute(offsets, num_samples, seed, epoch):
@@ -76,15 +90,16 @@ def permute(offsets, num_samples, seed, epoch):
     offsets = np.asarray(offsets, dtype=np.int64)
     if num_samples <= 1:
         return np.zeros_like(offsets)
-    bits = max(2, int(num_samples - 1).bit_length())
-    bits += bits % 2  # a balanced Feistel needs an even bit count; domain stays below 4*N
+    # a x b >= N with a, b about sqrt(N): the domain exceeds N by less than a
+    a = math.isqrt(num_samples - 1) + 1
+    moduli = (np.uint64(a), np.uint64(-(-num_samples // a)))
     keys = _round_keys(seed, epoch)
-    result = _feistel(offsets.astype(np.uint64), keys, bits // 2)
+    result = _feistel(offsets.astype(np.uint64), keys, moduli)
     # Cycle walking: re-encrypt values that landed outside [0, N) until inside;
     # the first in-range element of each orbit keeps the map a bijection.
     outside = np.flatnonzero(result >= np.uint64(num_samples))
     while outside.size:
-        result[outside] = _feistel(result[outside], keys, bits // 2)
+        result[outside] = _feistel(result[outside], keys, moduli)
         outside = outside[result[outside] >= np.uint64(num_samples)]
     return result.astype(np.int64)
 
