@@ -11,6 +11,7 @@ Subcommands (each prints one summary line; files are written atomically)::
 --eval-fraction F``: the last fraction F of the data goes to EVAL.h5 instead
 (a held-out set for ``python -m hpcpax.train --eval-data EVAL.h5``).
     check FILE [--kind lm|ctr] [--context K] [--vocab-size N] [--table-rows N]
+    unigram TRAIN.h5 EVAL.h5 [--context K]   (the unigram baseline perplexity of EVAL)
 
 ``COLS`` is a comma-separated list of column names. Exit status 1 and one
 ``error:`` line on stderr for any data problem.
@@ -102,7 +103,24 @@ def build_parser():
     check.add_argument("--context", type=int, default=1, help="lm only")
     check.add_argument("--vocab-size", type=int, default=None, help="lm: model vocabulary")
     check.add_argument("--table-rows", type=int, default=None, help="ctr: rows per table")
+
+    unigram = commands.add_parser(
+        "unigram", help="unigram baseline: perplexity of EVAL's tokens under TRAIN's "
+                        "(add-one smoothed) word frequencies")
+    unigram.add_argument("train", metavar="TRAIN.h5")
+    unigram.add_argument("held_out", metavar="EVAL.h5")
+    unigram.add_argument("--context", type=int, default=4,
+                         help="the lm's context: EVAL's first K tokens are no target")
     return parser
+
+
+def _run_unigram(args):
+    from hpcpax.data.baseline import unigram_perplexity
+
+    result = unigram_perplexity(args.train, args.held_out, args.context)
+    return (f"{args.held_out}: unigram perplexity {result['perplexity']:.2f} (cross entropy "
+            f"{result['cross_entropy']:.4f} nats) over {result['targets']} targets, "
+            f"frequencies from {args.train}")
 
 
 def _split_fraction(args):
@@ -202,7 +220,8 @@ def _run_check(args):
     return f"{args.file}: ok, {kind}, {details}"
 
 
-_COMMANDS = {"text": _run_text, "csv": _run_csv, "synth": _run_synth, "check": _run_check}
+_COMMANDS = {"text": _run_text, "csv": _run_csv, "synth": _run_synth, "check": _run_check,
+             "unigram": _run_unigram}
 
 
 def main(argv=None):

@@ -172,3 +172,13 @@ def test_streamed_appender_of_known_length_is_contiguous_and_checked(tmp_path):
     write_lm(tmp_path / "w.h5", np.arange(10), lm_vocab(10))
     with LMDataset(tmp_path / "w.h5", context=2) as reader:
         assert isinstance(reader._tokens, MappedRows)
+
+
+def test_unigram_baseline_by_hand(tmp_path, capsys):
+    write_lm(tmp_path / "t.h5", np.array([1, 1, 2, 0]), ["<unk>", "a", "b"])
+    write_lm(tmp_path / "e.h5", np.array([2, 1, 2, 1]), ["<unk>", "a", "b"])
+    # add-one: p = (counts + 1) / (4 + 3) = 2/7, 3/7, 2/7; targets after context 2: b, a
+    assert main(["unigram", str(tmp_path / "t.h5"), str(tmp_path / "e.h5"),
+                 "--context", "2"]) == 0
+    expected = np.exp(-(np.log(2 / 7) + np.log(3 / 7)) / 2)
+    assert f"unigram perplexity {expected:.2f} " in capsys.readouterr().out
