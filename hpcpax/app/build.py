@@ -1,4 +1,6 @@
-"""Building a run from its config: run directory, model, data, plan requests.
+"""Building a run from its config: run directory, plan requests, variables.
+
+(The model and the data readers: :mod:`hpcpax.app.datasets`.)
 
 Each function does one part of :meth:`hpcpax.app.trainer.Trainer.run`'s
 set-up and says whether it is collective.
@@ -11,10 +13,10 @@ import os
 import time
 
 from ..errors import ConfigError
-from .config import PLAN_MODES, load_plan_file, model_kwargs, normalize_plan
+from .config import PLAN_MODES, load_plan_file, normalize_plan
 
-__all__ = ["prepare_run_dir", "run_in", "build_model", "open_data", "plan_requests", "sparse_specs",
-           "dense_variables", "config_lines"]
+__all__ = ["prepare_run_dir", "run_in", "plan_requests", "sparse_specs", "dense_variables",
+           "config_lines"]
 
 
 def prepare_run_dir(topology, config) -> tuple:
@@ -85,41 +87,6 @@ def run_in(path) -> str | None:
     if os.path.isfile(os.path.join(path, "summary.json")):
         found.append("summary.json")
     return ", ".join(found) or None
-
-
-def build_model(config):
-    """The model the config asks for; sizes the data file fixes unless given. Local."""
-    from ..data import open_dataset
-    from ..models import build_model as build
-
-    kwargs = model_kwargs(config)
-    if config["data"] is not None:
-        options = {"context": kwargs.get("context", 4)} if config["model"] == "lm" else {}
-        with open_dataset(config["data"], config["model"], **options) as reader:
-            if config["model"] == "lm":
-                kwargs.setdefault("vocab_size", int(reader.vocab_size))
-            else:
-                kwargs.setdefault("n_dense", int(reader.n_dense))
-                kwargs.setdefault("n_fields", int(reader.n_fields))
-    return build(config["model"], **kwargs)
-
-
-def open_data(config, model):
-    """The training data reader (the HDF5 file, or synthetic data). Local."""
-    from ..data import open_dataset
-
-    options = {"shuffle": config["shuffle"], "seed": config["seed"]}
-    if config["model"] == "lm":
-        options["context"] = model.context
-        if config["data"] is None:
-            return open_dataset("synthetic", "lm", num_tokens=config["synthetic_samples"],
-                                vocab_size=model.vocab_size, **options)
-        return open_dataset(config["data"], "lm", **options)
-    if config["data"] is None:
-        return open_dataset("synthetic", "ctr", num_samples=config["synthetic_samples"],
-                            n_dense=model.n_dense, n_fields=model.n_fields,
-                            cardinality=list(model.table_rows), **options)
-    return open_dataset(config["data"], "ctr", **options)
 
 
 def plan_requests(spec, names) -> tuple:

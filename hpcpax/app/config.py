@@ -37,6 +37,8 @@ class Flag:
     help: str
     choices: tuple = ()
     minimum: float | None = None
+    above: float | None = None  # exclusive lower bound (a learning rate must be > 0)
+    below: float | None = None  # exclusive upper bound
 
 
 FLAGS = (
@@ -59,15 +61,16 @@ FLAGS = (
     Flag("data", "str", None, "HDF5 data file (default: synthetic data in memory)"),
     Flag("synthetic_samples", "int", 200_000, "synthetic data: tokens (lm) or rows (ctr)",
          minimum=2),
-    Flag("shuffle", "bool", False, "per-epoch shuffle of the sample order"),
+    Flag("shuffle", "bool", True, "visit the samples in a per-epoch permutation keyed by "
+         "(seed, epoch), the same for any number of workers; --no-shuffle: file order"),
     # optimization
     Flag("steps", "int", 300, "training steps", minimum=1),
     Flag("global_batch", "int", 192, "examples per step over all workers", minimum=1),
     Flag("optimizer", "str", "adam", "dense optimizer", ("sgd", "momentum", "adagrad", "adam")),
-    Flag("lr", "float", 0.003, "dense learning rate", minimum=0.0),
+    Flag("lr", "float", 0.003, "dense learning rate", above=0.0),
     Flag("sparse_optimizer", "str", "adagrad", "optimizer of the embedding rows (on servers)",
          ("sgd", "momentum", "adagrad", "adam")),
-    Flag("sparse_lr", "float", 0.1, "sparse learning rate", minimum=0.0),
+    Flag("sparse_lr", "float", 0.1, "sparse learning rate", above=0.0),
     Flag("seed", "int", 0, "seed of initializers, sampler and data", minimum=0),
     Flag("dtype", "str", "float32", "parameter dtype", ("float32", "float64")),
     # layout and synchronization
@@ -103,7 +106,13 @@ FLAGS = (
     Flag("overwrite", "bool", False, "start over in a RUN_DIR that already holds a run (the old "
          "run is kept, renamed RUN_DIR.replaced-<time>)"),
     Flag("eval_every", "int", 0, "evaluate every N steps (0: never)", minimum=0),
-    Flag("eval_batches", "int", 2, "global batches per evaluation", minimum=1),
+    Flag("eval_batches", "int", 2, "global batches per evaluation (at most the held-out "
+         "set's)", minimum=1),
+    Flag("eval_data", "str", None, "held-out data file to evaluate on (same kind and "
+         "vocabulary as --data: python -m hpcpax.data text ... --eval-output)"),
+    Flag("eval_fraction", "float", 0.0, "hold out this last fraction of the data (tokens for "
+         "lm, rows for ctr) from training and evaluate on it (0: no split; without either, "
+         "evaluation reads training batches)", minimum=0.0, below=1.0),
 
     # reliability
     Flag("timeout", "float", None, "seconds a step (or served operation) may take before the "
@@ -129,7 +138,7 @@ MODEL_FLAGS = {
 TRAINING_KEYS = ("model", "vocab_size", "context", "emb_dim", "hidden", "out_dim",
                  "num_sampled", "activation", "n_dense", "n_fields", "table_rows", "bottom",
                  "top", "data", "synthetic_samples", "shuffle", "global_batch", "optimizer",
-                 "lr", "sparse_optimizer", "sparse_lr", "seed", "dtype")
+                 "lr", "sparse_optimizer", "sparse_lr", "seed", "dtype", "eval_fraction")
 
 
 def _check_value(flag: Flag, value, where: str):
@@ -199,6 +208,10 @@ def _check_value(flag: Flag, value, where: str):
         raise ConfigError(f"{where} must be one of {list(flag.choices)}, not {value!r}")
     if flag.minimum is not None and value < flag.minimum:
         raise ConfigError(f"{where} must be >= {flag.minimum}, not {value!r}")
+    if flag.above is not None and not value > flag.above:
+        raise ConfigError(f"{where} must be > {flag.above:g}, not {value!r}")
+    if flag.below is not None and not value < flag.below:
+        raise ConfigError(f"{where} must be < {flag.below:g}, not {value!r}")
     return value
 
 
@@ -277,15 +290,18 @@ def load_toml(path) -> dict:
     return out
 
 
-def resolve(overrides: dict | None = None, *, config_file=None) -> dict:
+def resolve(overrides: dict | None = None, *, config_file=None, flags=False) -> dict:
     """Defaults, then the TOML file, then ``overrides``: the checked config dict.
 
     Args:
         overrides: ``{key: value}`` (flag names with underscores).
         config_file: optional TOML path (also accepted as ``overrides["config"]``).
+        flags: the overrides came from the command line: errors name them as
+            ``--flag-name`` instead of ``key``.
 
     Raises:
-        ConfigError: unknown key or bad value, named.
+        ConfigError: unknown key or bad value, named (TOML values as
+            ``FILE: key``).
     """
     overrides = dict(overrides or {})
     config_file = overrides.pop("config", None) or config_file
@@ -295,7 +311,8 @@ def resolve(overrides: dict | None = None, *, config_file=None) -> dict:
     for key, value in overrides.items():
         if key not in _BY_KEY:
             raise ConfigError(f"unknown config key {key!r}")
-        config[key] = _check_value(_BY_KEY[key], value, key)
+        config[key] = _check_value(_BY_KEY[key], value,
+                                   "--" + key.replace("_", "-") if flags else key)
     config["config"] = os.fspath(config_file) if config_file else None
     _check_combination(config)
     return config
@@ -311,6 +328,10 @@ def _check_combination(config):
                           "run_dir, or start it over")
     if config["resume"] and not config["run_dir"]:
         raise ConfigError("resume needs run_dir: the directory holding the checkpoints")
+    if config["eval_data"] is not None and config["eval_fraction"]:
+        raise ConfigError("eval_data and eval_fraction both name a held-out set; give one "
+                          f"(eval_data {config['eval_data']!r}, eval_fraction "
+                          f"{config['eval_fraction']})")
 
 
 def model_kwargs(config: dict) -> dict:
@@ -325,18 +346,27 @@ def model_kwargs(config: dict) -> dict:
     return kwargs
 
 
+def _help(flag: Flag) -> str:
+    """The help text with its default once: none when the text already says it."""
+    if "default" in flag.help or flag.default is None:
+        return flag.help
+    if flag.kind == "bool":
+        return f"{flag.help} (default: {'on' if flag.default else 'off'})"
+    return f"{flag.help} (default: {flag.default})"
+
+
 def _add_flag(parser, flag: Flag):
     option = "--" + flag.key.replace("_", "-")
     if flag.kind == "bool":
         parser.add_argument(option, dest=flag.key, action=argparse.BooleanOptionalAction,
-                            default=argparse.SUPPRESS, help=f"{flag.help} (default {flag.default})")
+                            default=argparse.SUPPRESS, help=_help(flag))
         return
     metavar = {"int": "N", "float": "X", "sizes": "N[,N...]", "plan": "METHOD|FILE"}.get(
         flag.kind, "VALUE")
     if flag.choices:
         metavar = "{" + ",".join(flag.choices) + "}"
     parser.add_argument(option, dest=flag.key, default=argparse.SUPPRESS, metavar=metavar,
-                        help=f"{flag.help} (default {flag.default})")
+                        help=_help(flag))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -360,7 +390,7 @@ def parse_args(argv=None) -> dict:
             with status 2 on an unknown flag).
     """
     namespace = build_parser().parse_args(argv)
-    return resolve(vars(namespace))
+    return resolve(vars(namespace), flags=True)
 
 
 def load_plan_file(path) -> dict:

@@ -16,7 +16,9 @@ import sys
 import numpy as np
 
 from ..errors import DependencyError
+from ..models.metrics import perplexity
 from .metrics import read_metrics
+from .throughput import steady_throughput, unsteady_steps
 
 __all__ = ["main", "make_report", "summarize"]
 
@@ -67,7 +69,7 @@ def summarize(run_dir) -> str:
         lines.append(f"loss: first {losses[0]:.4f}, last {losses[-1]:.4f} "
                      f"(mean of first {head}: {losses[:head].mean():.4f}, "
                      f"last {head}: {losses[-head:].mean():.4f})")
-        lines.append(f"throughput: median {np.median(rates):,.0f} samples/s")
+        lines.append(_throughput_line(steps, config, extra.get("summary"), rates))
         times = {}
         for r in steps:
             for phase, seconds in r.get("time", {}).items():
@@ -82,8 +84,8 @@ def summarize(run_dir) -> str:
             lines.append("bytes sent by workers per step: " + ", ".join(
                 f"{p} {_human(v.sum() / len(steps))}" for p, v in moved.items()))
     if evals:
-        lines.append(f"last eval (step {evals[-1]['step']}): " + ", ".join(
-            f"{k}={v:.4f}" for k, v in evals[-1]["eval"].items()))
+        lines.append(f"last eval (step {evals[-1]['step']}): "
+                     + _eval_text(evals[-1]["eval"], config.get("model")))
     summary = extra.get("summary")
     if summary:
         lines.append(f"wall: {summary.get('wall_seconds', 0):.1f} s, checkpoints "
@@ -95,6 +97,31 @@ def summarize(run_dir) -> str:
                 f"{p} {_human(e.get('sent_bytes', 0))} sent"
                 for p, e in phases.items() if e.get("sent_bytes")))
     return "\n".join(lines)
+
+
+def _eval_text(values, model):
+    """One eval record as text; an lm's perplexity is ``exp(loss)`` of the set's mean
+    loss (runs before issue 11 logged a mean of per-worker perplexities)."""
+    values = dict(values)
+    if values.get("loss") is not None and (model == "lm" or "perplexity" in values):
+        values["perplexity"] = perplexity(values["loss"])
+    return ", ".join(f"{k}={v}" if k == "samples" or v is None else f"{k}={v:.4f}"
+                     for k, v in values.items())
+
+
+def _throughput_line(steps, config, summary, rates):
+    """Steady-state samples/s (as in summary.json, or worked out the same way)."""
+    figure = (summary or {}).get("throughput")
+    if not figure and config.get("global_batch"):
+        first = steps[0]["step"]
+        figure = steady_throughput(steps, config["global_batch"],
+                                   unsteady_steps(config, first)) if "plan" in config else None
+    line = f"throughput: median {np.median(rates):,.0f} samples/s per step"
+    if figure and figure.get("samples_per_s"):
+        line = (f"throughput: steady state {figure['samples_per_s']:,.0f} samples/s over steps "
+                f"{figure['steps']}; median {np.median(rates):,.0f} samples/s per step, "
+                f"all steps {figure['all_steps_samples_per_s']:,.0f}")
+    return line
 
 
 def _bytes_by_phase(steps):

@@ -54,11 +54,12 @@ def step_record(step, loss, seconds, global_batch, times, delta) -> dict:
     }
 
 
-def summarize(topology, losses, *, start_step, last, global_batch, train_seconds, wall,
+def summarize(topology, losses, *, start_step, last, steady, train_seconds, wall,
               checkpoints, preempted, signal) -> dict:
     """The run's ``summary.json`` (first worker) from every rank's accounting.
 
-    **Collective** over every rank (the accounting reduce).
+    **Collective** over every rank (the accounting reduce). ``steady`` is
+    :func:`~hpcpax.app.throughput.steady_throughput`'s result (first worker).
     """
     totals = topology.accounting.reduce(topology.comm)
     steps_run = max(0, last - start_step + 1)
@@ -66,8 +67,9 @@ def summarize(topology, losses, *, start_step, last, global_batch, train_seconds
         "steps": last, "steps_run": steps_run, "start_step": start_step,
         "first_loss": losses[0] if losses else None,
         "final_loss": losses[-1] if losses else None,
-        "mean_samples_per_s": (steps_run * global_batch / train_seconds
-                               if train_seconds else None),
+        # steady state (warm-up and plan changes left out): see "throughput"
+        "mean_samples_per_s": steady["samples_per_s"] if steady else None,
+        "throughput": steady,
         "wall_seconds": wall, "train_seconds": train_seconds,
         "checkpoint_seconds": checkpoints.seconds,
         "preempted": preempted, "signal": signal,

@@ -36,9 +36,11 @@ from . import build
 from .checkpointing import RunCheckpoints
 from .commands import CommandChannel
 from .config import resolve
+from .datasets import build_model, open_data
 from .evaluation import evaluate
-from .metrics import MetricsWriter, ProgressBar, json_safe, write_json
+from .metrics import MetricsWriter, ProgressBar, json_safe, read_metrics, write_json
 from .preemption import PreemptionHandler
+from .throughput import steady_throughput, unsteady_steps
 from .step_report import (BYTE_PHASES, TIME_PHASES, reduce_step, step_record, summarize,
                           summary_line)
 
@@ -153,7 +155,7 @@ class Trainer:
         with setup("set-up: checkpoints and data"):
             for line in self.commands.run("check_disk"):
                 self.log(line, important=True)
-            self.reader = build.open_data(config, self.model)
+            self.reader, self.eval_set = open_data(self.model, config)
         start_step = self._resume() if config["resume"] else 1
         if self.is_leader and not config["quiet"]:
             print(build.config_lines(topo, self.run_dir, self.model, config,
@@ -179,7 +181,7 @@ class Trainer:
         from ..sync.sparse_set import SparseSync
 
         topo, config = self.topology, self.config
-        self.model = build.build_model(config)
+        self.model = build_model(config)
         specs = build.sparse_specs(self.model, config)
         spec = config["plan"] if self._plan_override is None else self._plan_override
         mode, requests = build.plan_requests(spec, [s.name for s in specs])
@@ -339,11 +341,9 @@ class Trainer:
             self.save_checkpoint(step)
 
     def evaluate(self, step) -> dict:
-        """Eval metrics over ``eval_batches`` fixed global batches; **collective** (workers)."""
-        out = evaluate(self.model, self.dense, self.sync, self._batch, self.topology.workers,
-                       self.config["eval_batches"])
-        self.log(f"eval after step {step}: " + ", ".join(f"{k}={v:.4f}" for k, v in out.items()))
-        return out
+        """Eval metrics on the eval set, from global sums (see :mod:`.evaluation`); **collective**."""
+        return evaluate(self.model, self.dense, self.sync.pull, self.eval_set, self.topology,
+                        self.config, device=self.device, step=step, log=self.log)
 
     # ------------------------------------------------------------------- plan
     def switch_method(self, name, method) -> None:
@@ -373,9 +373,16 @@ class Trainer:
     # ----------------------------------------------------------------- finish
     def _finish(self, start_step, last, train_seconds, wall_start):
         topo = self.topology
+        steady = None
+        if self.is_leader:  # steady-state throughput from the steps this run logged
+            steady = steady_throughput(
+                [r for r in read_metrics(os.path.join(self.run_dir, "metrics.jsonl"))
+                 if "loss" in r and start_step <= r["step"] <= last],
+                self.config["global_batch"], unsteady_steps(self.config, start_step,
+                                                            self.planning))
         summary = summarize(topo, self.losses, start_step=start_step, last=last,
-                            global_batch=self.config["global_batch"],
-                            train_seconds=train_seconds, wall=time.perf_counter() - wall_start,
+                            steady=steady, train_seconds=train_seconds,
+                            wall=time.perf_counter() - wall_start,
                             checkpoints=self.checkpoints, preempted=self.preempted,
                             signal=self.preemption.signal_name if self.preempted else None)
         if not self.is_leader:

@@ -10,6 +10,7 @@ import numpy as np
 
 from hpcpax.data import synthetic
 from hpcpax.data.layouts import check_ctr, open_h5
+from hpcpax.data.mapping import map_dataset
 from hpcpax.data.reading import ShardedReader, gather_windows, scan_chunks
 from hpcpax.data.sampling import check_int
 from hpcpax.errors import DataError
@@ -26,9 +27,20 @@ class _CTRReader(ShardedReader):
         self.n_fields = categorical.shape[1]
         self.cardinality = cardinality
         self._row_bytes = 4 + 4 * self.n_dense + 8 * self.n_fields
-        super().__init__(name, len(label), shuffle, seed)
+        self.name = name
+        self._set_span(0, len(label))
+        super().__init__(name, self.num_samples, shuffle, seed)
+
+    def _set_span(self, first, stop):
+        """Read rows ``[first, stop)`` only."""
+        self._span = (int(first), int(stop))
+        self.num_samples = stop - first
+        if self.num_samples <= 0:
+            raise DataError(f"{self.name}: holds no samples")
 
     def _read(self, indices):
+        indices = indices + self._span[0]
+
         def rows(array, row_bytes):
             return gather_windows(array, indices, 1, max(1, row_bytes))[:, 0]
         # Same runs for all three datasets: each is planned on the whole row's bytes.
@@ -76,20 +88,20 @@ class _CTRReader(ShardedReader):
         largest = np.full(self.n_fields, -1, dtype=np.int64)
         positives = 0.0
         with self._reading():
-            for first, block in scan_chunks(self._label, self._row_bytes):
+            for first, block in scan_chunks(self._label, self._row_bytes, *self._span):
                 bad = ~np.isfinite(block) | (block < 0) | (block > 1)
                 if bad.any():
                     row = int(np.argmax(bad))
                     raise DataError(f"{self.name}: label {block[row]} at row {first + row} "
                                     f"is not in [0, 1]")
                 positives += float(block.sum(dtype=np.float64))
-            for first, block in scan_chunks(self._dense, self._row_bytes):
+            for first, block in scan_chunks(self._dense, self._row_bytes, *self._span):
                 bad = ~np.isfinite(block)
                 if bad.any():
                     row, column = np.argwhere(bad)[0]
                     raise DataError(f"{self.name}: dense value {block[row, column]} at row "
                                     f"{first + row}, column {column} is not finite")
-            for first, block in scan_chunks(self._categorical, self._row_bytes):
+            for first, block in scan_chunks(self._categorical, self._row_bytes, *self._span):
                 bad = (block < 0) | (block >= limits)
                 if bad.any():
                     row, field = np.argwhere(bad)[0]
@@ -126,13 +138,15 @@ class CTRDataset(_CTRReader):
         self._file = open_h5(name)
         try:
             label, dense, categorical, cardinality = check_ctr(self._file, name)
+            label, dense, categorical = (map_dataset(d) or d for d in (label, dense, categorical))
             super().__init__(name, label, dense, categorical, cardinality, shuffle, seed)
         except BaseException:
             self._file.close()
             raise
 
     def close(self):
-        self._file.close()
+        if self._owner:
+            self._file.close()
 
 
 class SyntheticCTR(_CTRReader):

@@ -10,15 +10,18 @@ Root attributes:
 
 - ``format`` (str): exactly ``"hpcpax-lm/1"``. Checked on open.
 - ``vocab_size`` (integer scalar, >= 1): number of ids; equals ``len(vocab)``.
-- optional, informational: ``source`` (str, the writer), ``lowercase`` (bool,
-  ``text`` converter), ``seed`` and ``zipf`` (``synth``).
+- optional, informational: ``source`` (str, the writer), ``lowercase`` (bool)
+  and ``tokenizer`` (str) from the ``text`` converter, ``held_out_of`` (str,
+  the training file a held-out split was cut from), ``seed`` and ``zipf``
+  (``synth``).
 
 Datasets:
 
 - ``tokens``: int32 or int64, shape ``[T]``, ``T >= 1``. The concatenated token
   stream of all input documents (no separator tokens). Every id lies in
-  ``[0, vocab_size)``. Chunked, uncompressed as written by hpcpax; readers
-  accept any layout h5py can slice.
+  ``[0, vocab_size)``. Uncompressed and contiguous as written by hpcpax
+  (chunked when streamed with an unknown length); readers accept any layout
+  h5py can slice, and read uncompressed ones through a memory map.
 - ``vocab``: variable-length UTF-8 strings (``h5py.string_dtype("utf-8")``),
   shape ``[vocab_size]``, in id order: ``vocab[i]`` is the word of id ``i``.
   ``vocab[0] == "<unk>"`` (every out-of-vocabulary word maps to 0); entries
@@ -41,7 +44,8 @@ Root attributes:
   the same space); ``synth`` writes its configured cardinalities; a file
   written from arrays without it gets ``max id + 1`` per field.
 - optional, informational: ``hash_buckets`` (int), ``label_column`` (str),
-  ``dense_columns``/``categorical_columns`` (str arrays), ``source``, ``seed``.
+  ``dense_columns``/``categorical_columns`` (str arrays), ``source``, ``seed``,
+  ``held_out_of``.
 
 Datasets (``N >= 1`` rows, row ``i`` is sample ``i``):
 

@@ -11,6 +11,7 @@ import numpy as np
 
 from hpcpax.data import synthetic
 from hpcpax.data.layouts import check_lm, open_h5
+from hpcpax.data.mapping import map_dataset
 from hpcpax.data.reading import ShardedReader, gather_windows, scan_chunks
 from hpcpax.data.sampling import check_int
 from hpcpax.errors import DataError
@@ -20,20 +21,29 @@ __all__ = ["LMDataset", "SyntheticLM"]
 
 class _LMReader(ShardedReader):
     kind = "lm"
+    unit = "tokens"
 
     def __init__(self, name, tokens, vocab_size, context, shuffle, seed):
         self.context = check_int(context, "context", 1)
         self.vocab_size = vocab_size
         self._tokens = tokens
-        self.num_tokens = len(tokens)
+        self.name = name
+        self._set_span(0, len(tokens))
+        super().__init__(name, self.num_samples, shuffle, seed)
+
+    def _set_span(self, first, stop):
+        """Read tokens ``[first, stop)`` only: samples whose whole window lies inside."""
+        self._span = (int(first), int(stop))
+        self.num_tokens = stop - first
         if self.num_tokens <= self.context:
-            raise DataError(f"{name}: holds {self.num_tokens} tokens; context {self.context} "
-                            f"needs at least {self.context + 1} for one sample")
-        super().__init__(name, self.num_tokens - self.context, shuffle, seed)
+            raise DataError(f"{self.name}: holds {self.num_tokens} tokens; context "
+                            f"{self.context} needs at least {self.context + 1} for one sample")
+        self.num_samples = self.num_tokens - self.context
 
     def _read(self, indices):
         width = self.context + 1
-        windows = gather_windows(self._tokens, indices, width, self._tokens.dtype.itemsize)
+        windows = gather_windows(self._tokens, indices + self._span[0], width,
+                                 self._tokens.dtype.itemsize)
         windows = windows.astype(np.int64, copy=False)
         return {"context": np.ascontiguousarray(windows[:, :self.context]),
                 "target": np.ascontiguousarray(windows[:, self.context])}
@@ -57,7 +67,8 @@ class _LMReader(ShardedReader):
             limit = min(limit, check_int(vocab_size, "vocab_size", 1))
         largest = -1
         with self._reading():
-            for first, block in scan_chunks(self._tokens, self._tokens.dtype.itemsize):
+            for first, block in scan_chunks(self._tokens, self._tokens.dtype.itemsize,
+                                            *self._span):
                 low, high = int(block.min()), int(block.max())
                 if low < 0:
                     where = first + int(np.argmax(block < 0))
@@ -78,7 +89,9 @@ class LMDataset(_LMReader):
     """Reader of an ``hpcpax-lm/1`` HDF5 file (layout in :mod:`hpcpax.data.layouts`).
 
     Opening checks metadata only; call :meth:`validate` to scan the ids. Each
-    :meth:`batch` reads only the token windows of the calling shard.
+    :meth:`batch` reads only the token windows of the calling shard: an
+    uncompressed ``tokens`` dataset through a memory map of the file
+    (:mod:`hpcpax.data.mapping`), any other through h5py.
 
     Args:
         path: the file.
@@ -96,6 +109,7 @@ class LMDataset(_LMReader):
         self._file = open_h5(name)
         try:
             tokens, vocab_size = check_lm(self._file, name)
+            tokens = map_dataset(tokens) or tokens
             super().__init__(name, tokens, vocab_size, context, shuffle, seed)
         except BaseException:
             self._file.close()
@@ -117,7 +131,8 @@ class LMDataset(_LMReader):
     validate.__doc__ = _LMReader.validate.__doc__
 
     def close(self):
-        self._file.close()
+        if self._owner:
+            self._file.close()
 
 
 class SyntheticLM(_LMReader):

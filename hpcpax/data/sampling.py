@@ -8,20 +8,24 @@ in epoch ``p // N`` at offset ``p % N`` and names sample ``offset`` (or
 takes the contiguous run ``[s*G + r*G/n, s*G + (r+1)*G/n)`` of positions, so
 concatenating the shards in rank order gives the global batch.
 
-The shuffle is a keyed Feistel network over ``[0, 2**b)`` with cycle walking
-into ``[0, N)``: a bijection that a rank evaluates for its own ``G/n``
-positions only, in ``O(G/n)`` time and memory, however large ``N`` is.
+The shuffle is a keyed Feistel network over ``[0, a*b)`` (``a, b`` about
+``sqrt(N)``, rounds alternating the moduli ``a`` and ``b``) with cycle walking
+into ``[0, N)`` (rarely needed: ``a*b - N < a``): a bijection that a rank
+evaluates for its own ``G/n`` positions only, in ``O(G/n)`` time and memory,
+however large ``N`` is. Readers evaluate it for a block of steps at a time.
 """
 
+import math
 import operator
 
 import numpy as np
 
 from hpcpax.errors import DataError
 
-__all__ = ["check_geometry", "check_int", "mix64", "permute", "sample_indices"]
+__all__ = ["check_geometry", "check_int", "mix64", "permute", "sample_indices",
+           "sample_index_block"]
 
-_FEISTEL_ROUNDS = 6
+_FEISTEL_ROUNDS = 4  # even: the last round leaves (left, right) in [0, a) x [0, b)
 _TAG_SHUFFLE = 0x5348554646  # "SHUFF": separates shuffle keys from data-generation streams
 
 
@@ -38,10 +42,14 @@ def check_int(value, name, minimum=None):
 
 def mix64(values):
     """SplitMix64 finalizer: a fast, well-mixed hash of uint64 values (elementwise)."""
-    z = np.asarray(values, dtype=np.uint64) + np.uint64(0x9E3779B97F4A7C15)
-    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    return z ^ (z >> np.uint64(31))
+    z = np.array(values, dtype=np.uint64)  # a copy, then in place: half the temporaries
+    z += np.uint64(0x9E3779B97F4A7C15)
+    z ^= z >> np.uint64(30)
+    z *= np.uint64(0xBF58476D1CE4E5B9)
+    z ^= z >> np.uint64(27)
+    z *= np.uint64(0x94D049BB133111EB)
+    z ^= z >> np.uint64(31)
+    return z
 
 
 def _round_keys(seed, epoch):
@@ -49,14 +57,21 @@ def _round_keys(seed, epoch):
     return np.random.SeedSequence(entropy).generate_state(_FEISTEL_ROUNDS, dtype=np.uint64)
 
 
-def _feistel(values, keys, half_bits):
-    mask = np.uint64((1 << half_bits) - 1)
-    shift = np.uint64(half_bits)
-    left = values >> shift
-    right = values & mask
-    for key in keys:
-        left, right = right, left ^ (mix64(right ^ key) & mask)
-    return (left << shift) | right
+def _feistel(values, keys, moduli):
+    """Alternating-modulus Feistel on ``[0, a*b)``: ``x = left*b + right``, ``left`` in
+    ``[0, a)``, ``right`` in ``[0, b)``; each round maps ``(left, right)`` to
+    ``(right, (left + F(right)) mod m)`` with ``m`` alternating ``a, b``, a bijection."""
+    a, b = moduli
+    left, right = np.divmod(values, b)
+    shift = np.uint64(32)
+    for round_index, key in enumerate(keys):
+        modulus = a if round_index % 2 == 0 else b
+        # F(right) in [0, modulus): the high 32 bits of a hash, scaled (no division)
+        mixed = (mix64(right ^ key) >> shift) * modulus >> shift
+        mixed += left
+        mixed -= modulus * (mixed >= modulus)
+        left, right = right, mixed
+    return left * b + right  # an even round count ends with left in [0, a)
 
 
 def permute(offsets, num_samples, seed, epoch):
@@ -75,15 +90,16 @@ def permute(offsets, num_samples, seed, epoch):
     offsets = np.asarray(offsets, dtype=np.int64)
     if num_samples <= 1:
         return np.zeros_like(offsets)
-    bits = max(2, int(num_samples - 1).bit_length())
-    bits += bits % 2  # a balanced Feistel needs an even bit count; domain stays below 4*N
+    # a x b >= N with a, b about sqrt(N): the domain exceeds N by less than a
+    a = math.isqrt(num_samples - 1) + 1
+    moduli = (np.uint64(a), np.uint64(-(-num_samples // a)))
     keys = _round_keys(seed, epoch)
-    result = _feistel(offsets.astype(np.uint64), keys, bits // 2)
+    result = _feistel(offsets.astype(np.uint64), keys, moduli)
     # Cycle walking: re-encrypt values that landed outside [0, N) until inside;
     # the first in-range element of each orbit keeps the map a bijection.
     outside = np.flatnonzero(result >= np.uint64(num_samples))
     while outside.size:
-        result[outside] = _feistel(result[outside], keys, bits // 2)
+        result[outside] = _feistel(result[outside], keys, moduli)
         outside = outside[result[outside] >= np.uint64(num_samples)]
     return result.astype(np.int64)
 
@@ -126,6 +142,40 @@ def check_geometry(step, global_batch, shard, num_shards, num_samples, name):
     return global_batch // num_shards
 
 
+def sample_index_block(first_step, steps, global_batch, shard, num_shards, num_samples,
+                       shuffle=False, seed=0, name="data"):
+    """Sample indices of ``shard`` for steps ``first_step .. first_step + steps - 1``.
+
+    One vectorized permutation for many steps: a reader that asks step by
+    step pays NumPy's per-call cost (the Feistel rounds are some 60 small
+    array operations) once per block instead of once per step.
+
+    Returns:
+        int64 array ``[steps, global_batch // num_shards]``; row ``k`` equals
+        ``sample_indices(first_step + k, ...)``.
+    """
+    local = check_geometry(first_step, global_batch, shard, num_shards, num_samples, name)
+    steps = check_int(steps, "steps", 1)
+    seed = check_int(seed, "seed")
+    if seed < 0:
+        raise DataError(f"{name}: seed must be >= 0, not {seed}")
+    first = first_step * global_batch + shard * local  # Python int: no overflow at any step
+    last = (first_step + steps - 1) * global_batch + shard * local
+    if last + local >= 2**62:
+        raise DataError(f"{name}: step {first_step + steps - 1} is too large for int64 positions")
+    positions = (first + np.arange(steps, dtype=np.int64)[:, None] * global_batch
+                 + np.arange(local, dtype=np.int64)).reshape(-1)
+    epochs = positions // num_samples
+    offsets = positions - epochs * num_samples
+    if shuffle:
+        result = np.empty_like(offsets)
+        for epoch in np.unique(epochs):  # each epoch has its own permutation
+            in_epoch = epochs == epoch
+            result[in_epoch] = permute(offsets[in_epoch], num_samples, seed, int(epoch))
+        offsets = result
+    return offsets.reshape(steps, local)
+
+
 def sample_indices(step, global_batch, shard, num_shards, num_samples, shuffle=False, seed=0,
                    name="data"):
     """Indices of the samples that ``shard`` of ``num_shards`` reads at ``step``.
@@ -136,21 +186,5 @@ def sample_indices(step, global_batch, shard, num_shards, num_samples, shuffle=F
         int64 array of ``global_batch // num_shards`` sample indices, in batch
         order (not sorted when ``shuffle`` is on).
     """
-    local = check_geometry(step, global_batch, shard, num_shards, num_samples, name)
-    seed = check_int(seed, "seed")
-    if seed < 0:
-        raise DataError(f"{name}: seed must be >= 0, not {seed}")
-    first = step * global_batch + shard * local  # Python int: no overflow at any step
-    if first + local >= 2**62:
-        raise DataError(f"{name}: step {step} is too large for int64 positions")
-    positions = first + np.arange(local, dtype=np.int64)
-    epochs = positions // num_samples
-    offsets = positions - epochs * num_samples
-    if not shuffle:
-        return offsets
-    result = np.empty_like(offsets)
-    # A local batch spans at most two epochs (G <= N), each with its own permutation.
-    for epoch in np.unique(epochs):
-        in_epoch = epochs == epoch
-        result[in_epoch] = permute(offsets[in_epoch], num_samples, seed, int(epoch))
-    return result
+    return sample_index_block(step, 1, global_batch, shard, num_shards, num_samples, shuffle,
+                              seed, name)[0]

@@ -19,7 +19,7 @@ from hpcpax.errors import DataError
 
 __all__ = ["atomic_h5", "Appender", "write_lm", "write_ctr"]
 
-_CHUNK_BYTES = 1 << 20  # chunk size of streamed datasets: big enough for fast sequential reads
+_CHUNK_BYTES = 1 << 20  # chunks of streams of unknown length: big enough for sequential reads
 
 
 @contextlib.contextmanager
@@ -43,22 +43,36 @@ def atomic_h5(path):
 
 
 class Appender:
-    """A growable dataset of rows ``[n, *row_shape]`` filled by successive appends.
+    """A dataset of rows ``[n, *row_shape]`` filled by successive appends.
 
-    The dataset is created at the first append, with chunks no larger than
-    that append: a small file written in one append stays small. Call
-    :meth:`finish` once after the last append.
+    With ``total_rows`` known (the converters count first) the dataset is
+    contiguous and exactly that long: random reads of windows or rows then
+    touch only the bytes they need (see :mod:`hpcpax.data.mapping`).
+    Otherwise it grows, in chunks no larger than the first append (a small
+    file written in one append stays small). Call :meth:`finish` once after
+    the last append.
     """
 
-    def __init__(self, h5file, key, dtype, row_shape=()):
+    def __init__(self, h5file, key, dtype, row_shape=(), total_rows=None):
         self.h5file, self.key, self.dtype, self.row_shape = h5file, key, np.dtype(dtype), row_shape
         self.rows = 0
         self.dataset = None
+        self.total_rows = total_rows
         self._row_elements = int(np.prod(row_shape, dtype=np.int64))
+        if total_rows is not None:
+            self.dataset = h5file.create_dataset(key, shape=(total_rows, *row_shape),
+                                                 dtype=self.dtype)
 
     def append(self, values):
         values = np.asarray(values, dtype=self.dtype)
         if len(values) == 0:
+            return
+        if self.total_rows is not None:
+            if self.rows + len(values) > self.total_rows:
+                raise DataError(f"dataset {self.key!r}: more than the {self.total_rows} rows "
+                                f"counted before writing (did an input change?)")
+            self.dataset[self.rows:self.rows + len(values)] = values
+            self.rows += len(values)
             return
         if self._row_elements == 0:  # HDF5 cannot chunk a zero-width row: made in finish()
             self.rows += len(values)
@@ -73,6 +87,9 @@ class Appender:
         self.rows += len(values)
 
     def finish(self):
+        if self.total_rows is not None and self.rows != self.total_rows:
+            raise DataError(f"dataset {self.key!r}: {self.rows} rows written, "
+                            f"{self.total_rows} counted before writing (did an input change?)")
         if self.dataset is None:
             self.dataset = self.h5file.create_dataset(
                 self.key, shape=(self.rows, *self.row_shape), dtype=self.dtype)

@@ -9,20 +9,22 @@ no CuPy.
 from __future__ import annotations
 
 from ..errors import ConfigError
-from .base import Model, SparseSpec, StepResult
+from .base import EvalOutputs, Model, SparseSpec, StepResult
 from .ctr import CTRModel
 from .lm import LanguageModel, log_uniform_log_expected_count, log_uniform_sample
-from .metrics import roc_auc
+from .metrics import perplexity, roc_auc
 
 __all__ = [
     "Model",
     "SparseSpec",
     "StepResult",
+    "EvalOutputs",
     "LanguageModel",
     "CTRModel",
     "MODELS",
     "build_model",
     "roc_auc",
+    "perplexity",
     "log_uniform_sample",
     "log_uniform_log_expected_count",
 ]

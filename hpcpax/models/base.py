@@ -23,6 +23,7 @@ from ..errors import ConfigError, SparseIndexError
 __all__ = [
     "SparseSpec",
     "StepResult",
+    "EvalOutputs",
     "Model",
     "counter_generator",
     "gather_rows",
@@ -71,6 +72,27 @@ class StepResult:
     metrics: dict = field(default_factory=dict)
     dense_grads: dict = field(default_factory=dict)
     sparse_grads: dict = field(default_factory=dict)
+
+
+@dataclass
+class EvalOutputs:
+    """Per-example results of a forward pass on one batch (shard), on the host.
+
+    The decomposable part is ``losses``; metrics that are not means of
+    per-example values (perplexity, AUC) are computed by
+    :meth:`Model.eval_metrics` from sums over *all* examples and from the
+    gathered ``scores``/``labels``, so they do not depend on how the examples
+    were split over workers.
+
+    Attributes:
+        losses: float64 ``[B]`` per-example loss.
+        scores: float64 ``[B]`` ranking scores (logits) for rank metrics, or None.
+        labels: float64 ``[B]`` labels matching ``scores``, or None.
+    """
+
+    losses: np.ndarray
+    scores: np.ndarray | None = None
+    labels: np.ndarray | None = None
 
 
 def counter_generator(seed: int, word: int, stream: int) -> np.random.Generator:
@@ -215,9 +237,24 @@ class Model:
         """Mean loss over ``batch`` and its gradients (see :class:`StepResult`)."""
         raise NotImplementedError
 
-    def evaluate(self, dense: dict, rows: dict, batch: dict, step: int, *, full: bool = False) -> dict:
-        """Forward only; returns metrics as Python floats."""
+    def eval_outputs(self, dense: dict, rows: dict, batch: dict, step: int, *,
+                     full: bool = False) -> EvalOutputs:
+        """Forward only: per-example losses (and scores), see :class:`EvalOutputs`."""
         raise NotImplementedError
+
+    def eval_metrics(self, loss_sum: float, count: int, scores=None, labels=None) -> dict:
+        """Metrics of a whole evaluation set from its loss sum over ``count``
+        examples (and all its scores and labels); Python floats."""
+        return {"loss": float(loss_sum) / count}
+
+    def evaluate(self, dense: dict, rows: dict, batch: dict, step: int, *, full: bool = False) -> dict:
+        """Forward only; the metrics of this one batch as Python floats.
+
+        For a set split over workers use :meth:`eval_outputs` on each part and
+        :meth:`eval_metrics` on the totals (:mod:`hpcpax.app.evaluation` does).
+        """
+        out = self.eval_outputs(dense, rows, batch, step, full=full)
+        return self.eval_metrics(float(out.losses.sum()), len(out.losses), out.scores, out.labels)
 
     def config(self) -> dict:
         """The flags that rebuild this model with :func:`hpcpax.models.build_model`."""

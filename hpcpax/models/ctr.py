@@ -20,10 +20,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..backend import array_module
+from ..backend import array_module, to_host
 from ..errors import ConfigError
 from .base import (
     STREAM_EXAMPLE,
+    EvalOutputs,
     Model,
     SparseSpec,
     StepResult,
@@ -206,17 +207,20 @@ class CTRModel(Model):
         features, categorical, _ = self._check_batch(batch, need_label=False)
         return self._forward(dense, rows, features, categorical)[1]
 
-    def evaluate(self, dense: dict, rows: dict, batch: dict, step: int, *, full: bool = False) -> dict:
-        """Mean logistic loss and rank AUC (``full`` is accepted and ignored).
-
-        AUC is NaN when the batch holds one class only; it does not average
-        over shards, so evaluate on the whole evaluation set on one rank or
-        gather the logits first.
-        """
+    def eval_outputs(self, dense: dict, rows: dict, batch: dict, step: int, *,
+                     full: bool = False) -> EvalOutputs:
+        """Per-example logistic loss, logits as scores and the labels (host
+        float64); ``full`` is accepted and ignored."""
         features, categorical, label = self._check_batch(batch)
         xp, logits, _ = self._forward(dense, rows, features, categorical)
-        label, loss = self._loss(xp, logits, label)
-        return {"loss": loss, "auc": roc_auc(label, logits)}
+        label = label.astype(self.dtype, copy=False)
+        losses = softplus(xp, logits) - label * logits
+        return EvalOutputs(to_host(losses).astype(np.float64),
+                           to_host(logits).astype(np.float64), to_host(label).astype(np.float64))
+
+    def eval_metrics(self, loss_sum: float, count: int, scores=None, labels=None) -> dict:
+        """Mean logistic loss and the rank AUC of *all* the scores (NaN with one class)."""
+        return {"loss": float(loss_sum) / count, "auc": roc_auc(labels, scores)}
 
     def example_batch(self, batch_size: int, *, seed: int = 0) -> dict:
         """Random features and ids; the label follows a fixed linear rule (learnable)."""

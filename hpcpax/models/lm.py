@@ -22,11 +22,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..backend import array_module
+from ..backend import array_module, to_host
 from ..errors import ConfigError
 from .base import (
     STREAM_EXAMPLE,
     STREAM_SAMPLER,
+    EvalOutputs,
     Model,
     SparseSpec,
     StepResult,
@@ -36,6 +37,7 @@ from .base import (
     parse_sizes,
 )
 from .layers import check_activation, logsumexp, mlp_backward, mlp_forward, mlp_shapes
+from .metrics import perplexity
 
 __all__ = ["LanguageModel", "log_uniform_sample", "log_uniform_log_expected_count"]
 
@@ -234,8 +236,9 @@ class LanguageModel(Model):
         dense_grads = {key: dense_grads[key] for key in self.dense_shapes()}
         return StepResult(loss, {"loss": loss}, dense_grads, sparse_grads)
 
-    def evaluate(self, dense: dict, rows: dict, batch: dict, step: int, *, full: bool = False) -> dict:
-        """Loss and perplexity, forward only.
+    def eval_outputs(self, dense: dict, rows: dict, batch: dict, step: int, *,
+                     full: bool = False) -> EvalOutputs:
+        """Per-example cross entropy, forward only (host float64).
 
         With ``full=False`` this is the step's sampled softmax loss (an
         estimate, logQ-corrected, so its perplexity is not the true one).
@@ -259,8 +262,13 @@ class LanguageModel(Model):
         else:
             logits, _, _, _ = self._sampled_logits(xp, output, rows, target, step)
             true_logits = logits[:, 0]
-        loss = float((logsumexp(xp, logits, axis=1) - true_logits).mean())
-        return {"loss": loss, "perplexity": float(np.exp(min(loss, 700.0)))}
+        losses = logsumexp(xp, logits, axis=1) - true_logits
+        return EvalOutputs(to_host(losses).astype(np.float64))
+
+    def eval_metrics(self, loss_sum: float, count: int, scores=None, labels=None) -> dict:
+        """Mean loss and ``perplexity = exp(mean loss)`` of the whole set."""
+        loss = float(loss_sum) / count
+        return {"loss": loss, "perplexity": perplexity(loss)}
 
     def example_batch(self, batch_size: int, *, seed: int = 0) -> dict:
         """Log-uniform context tokens; the target is the last token plus one (learnable)."""

@@ -6,7 +6,17 @@ import numpy as np
 
 from ..backend import to_host
 
-__all__ = ["roc_auc"]
+__all__ = ["roc_auc", "perplexity"]
+
+
+def perplexity(mean_loss: float) -> float:
+    """``exp(mean loss)``: the perplexity of a set whose mean cross entropy is
+    ``mean_loss`` (nats). Capped at ``exp(700)`` instead of overflowing.
+
+    Take the mean over the whole set first: a mean of per-part perplexities
+    is larger (Jensen) and changes with how the set was split.
+    """
+    return float(np.exp(min(float(mean_loss), 700.0)))
 
 
 def roc_auc(labels, scores) -> float:

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
-from hpcpax.app import build, checkpoint as ckpt
+from hpcpax.app import checkpoint as ckpt
 from hpcpax.app.metrics import read_metrics
 from hpcpax.app.trainer import Trainer
 from hpcpax.data import write_lm
@@ -78,13 +78,15 @@ def test_resumed_metrics_supersede_the_steps_after_the_checkpoint(tmp_path):
 
 # ----------------------------------------------------------- 2. signal in set-up
 def test_a_signal_during_set_up_is_honoured_at_the_first_step(tmp_path, monkeypatch):
-    opened = build.open_data
+    import hpcpax.app.trainer as trainer_module
 
-    def signal_while_opening(config, model):  # the last set-up phase
+    opened = trainer_module.open_data
+
+    def signal_while_opening(model, config):  # the last set-up phase
         os.kill(os.getpid(), signal.SIGUSR1)
-        return opened(config, model)
+        return opened(model, config)
 
-    monkeypatch.setattr(build, "open_data", signal_while_opening)
+    monkeypatch.setattr(trainer_module, "open_data", signal_while_opening)
     trainer = run(tmp_path / "run", steps=20)
     assert trainer.preempted and trainer.summary["steps"] == 1
     assert ckpt.latest(tmp_path / "run").endswith("step_000001")

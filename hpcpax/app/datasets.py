@@ -1,0 +1,129 @@
+"""The trainer's data set-up: the model sized by its data, the training reader
+and the evaluation set. Nothing here is collective; every rank runs the same
+checks on the same files, so a bad combination stops every rank together,
+before the first step, with both numbers named.
+"""
+
+from __future__ import annotations
+
+from ..errors import ConfigError
+from .config import model_kwargs
+from .evaluation import EVAL_POSITION, EvalSet
+
+__all__ = ["build_model", "open_data"]
+
+
+def _reader_options(kind, config, context):
+    options = {"shuffle": config["shuffle"], "seed": config["seed"]}
+    return {"context": context, **options} if kind == "lm" else options
+
+
+def _check_lm_vocabulary(path, flag, file_vocab, model_vocab):
+    if file_vocab > model_vocab:
+        raise ConfigError(
+            f"{flag}: {path} has a vocabulary of {file_vocab} words (ids 0..{file_vocab - 1}), "
+            f"more than --vocab-size {model_vocab}; leave --vocab-size out to take the file's, "
+            f"or give at least {file_vocab}")
+
+
+def _check_ctr_features(path, flag, reader, n_dense, n_fields):
+    for key, value, found in (("n_dense", n_dense, reader.n_dense),
+                              ("n_fields", n_fields, reader.n_fields)):
+        if value is not None and value != found:
+            raise ConfigError(f"{flag}: {path} has {key} {found}, but --{key.replace('_', '-')} "
+                              f"is {value}")
+
+
+def build_model(config):
+    """The model of ``config``, with the sizes its data file fixes unless given.
+
+    Raises:
+        ConfigError: ``--vocab-size`` smaller than the data file's (or the
+            ``--eval-data`` file's) vocabulary, or ``--n-dense``/``--n-fields``
+            other than the file's, naming both numbers.
+        DataError: an unreadable data file.
+    """
+    from ..data import open_dataset
+    from ..models import build_model as build
+
+    kind = config["model"]
+    kwargs = model_kwargs(config)
+    for flag in ("data", "eval_data"):
+        path = config[flag]
+        if path is None:
+            continue
+        name = "--" + flag.replace("_", "-")
+        options = {"context": kwargs.get("context", 4)} if kind == "lm" else {}
+        with open_dataset(path, kind, **options) as reader:
+            if kind == "lm":
+                if "vocab_size" in kwargs:
+                    _check_lm_vocabulary(path, name, int(reader.vocab_size), kwargs["vocab_size"])
+                else:
+                    kwargs["vocab_size"] = int(reader.vocab_size)
+            else:
+                _check_ctr_features(path, name, reader, kwargs.get("n_dense"),
+                                    kwargs.get("n_fields"))
+                kwargs.setdefault("n_dense", int(reader.n_dense))
+                kwargs.setdefault("n_fields", int(reader.n_fields))
+    if kind == "lm" and config["data"] is not None and config["eval_data"] is not None:
+        _check_same_vocabulary(config["data"], config["eval_data"], kwargs.get("context", 4))
+    return build(kind, **kwargs)
+
+
+def _check_same_vocabulary(train_path, eval_path, context):
+    from ..data import open_dataset
+
+    with open_dataset(train_path, "lm", context=context) as train, \
+            open_dataset(eval_path, "lm", context=context) as held:
+        train_words, held_words = train.vocab, held.vocab
+    if train_words != held_words:
+        differ = next((i for i, (a, b) in enumerate(zip(train_words, held_words)) if a != b),
+                      min(len(train_words), len(held_words)))
+        raise ConfigError(
+            f"--eval-data: {eval_path} was encoded with another vocabulary than {train_path} "
+            f"(id {differ} differs); make both with one `python -m hpcpax.data text ... "
+            f"--eval-output` run")
+
+
+def open_data(model, config):
+    """``(training reader, EvalSet)`` for ``model`` and ``config``.
+
+    The training reader reads ``--data`` (or synthetic data) with
+    ``--shuffle``/``--seed``; with ``--eval-fraction F`` it stops before the
+    file's last fraction F, which becomes the held-out set; with
+    ``--eval-data`` that file is. A held-out set is read in a fixed shuffled
+    order, so ``--eval-batches`` global batches are a random sample of it.
+
+    Raises:
+        ConfigError: a held-out set smaller than one global batch while
+            ``--eval-every`` is on.
+        DataError: unreadable files, or a split leaving a part without samples.
+    """
+    from ..data import open_dataset
+
+    kind = config["model"]
+    context = getattr(model, "context", None)
+    options = _reader_options(kind, config, context)
+    if config["data"] is None:
+        sizes = ({"num_tokens": config["synthetic_samples"], "vocab_size": model.vocab_size}
+                 if kind == "lm" else
+                 {"num_samples": config["synthetic_samples"], "n_dense": model.n_dense,
+                  "n_fields": model.n_fields, "cardinality": list(model.table_rows)})
+        train = open_dataset("synthetic", kind, **sizes, **options)
+    else:
+        train = open_dataset(config["data"], kind, **options)
+    held = None
+    if config["eval_fraction"]:
+        train, held = train.split_tail(config["eval_fraction"])
+    elif config["eval_data"] is not None:
+        held = open_dataset(config["eval_data"], kind, **options)
+    if held is None:
+        return train, EvalSet(train, EVAL_POSITION, config["eval_batches"], held_out=False)
+    held.shuffle = True  # a fixed random sample of the held-out set, whatever --shuffle says
+    batches = min(config["eval_batches"], held.num_samples // config["global_batch"])
+    if batches < 1 and config["eval_every"]:
+        raise ConfigError(
+            f"the held-out set {held.name} has {held.num_samples} samples, fewer than one "
+            f"global batch of {config['global_batch']}; give a larger --eval-fraction or "
+            f"--eval-data file, or a smaller --global-batch")
+    return train, EvalSet(held, 0, batches, held_out=True)
