@@ -289,17 +289,12 @@ def refuse_links(h5file, file_path) -> None:
     A soft or external link would make a checked file read data from
     elsewhere: the manifest's SHA-256 covers the link, not its target.
     """
-    h5py = _h5py()
+    from ..data.layouts import find_link, link_target
 
-    def check(name, link):  # a non-None return stops the visit (no raising in the C callback)
-        return None if isinstance(link, h5py.HardLink) else (name, link)
-
-    found = h5file.visititems_links(check)
+    found = find_link(h5file)
     if found is not None:
-        name, link = found
-        target = getattr(link, "filename", "") or getattr(link, "path", "")
-        raise CheckpointError(f"{file_path}: {name!r} is a {type(link).__name__} to "
-                              f"{target!r}; checkpoints hold plain datasets only")
+        raise CheckpointError(f"{file_path}: {found[0]!r} is a {type(found[1]).__name__} to "
+                              f"{link_target(found[1])!r}; checkpoints hold plain datasets only")
 
 
 def load_dense(path, expected=None):

@@ -54,7 +54,10 @@ FLAGS = (
     Flag("activation", "str", None, "lm: relu or tanh", ("relu", "tanh")),
     Flag("n_dense", "int", None, "ctr: dense features", minimum=1),
     Flag("n_fields", "int", None, "ctr: categorical fields (one table each)", minimum=1),
-    Flag("table_rows", "sizes", None, "ctr: rows per table (one int or one per field)"),
+    Flag("table_rows", "sizes", None, "ctr: rows per table (one int or one per field; "
+         "default: the data file's cardinality, else 10000)"),
+    Flag("hash_ids", "bool", False, "ctr: fold ids at or above a table's rows onto it "
+         "(id %% rows, hashed features); without it such an id is a data error"),
     Flag("bottom", "sizes", None, "ctr: bottom MLP widths (last = emb_dim)"),
     Flag("top", "sizes", None, "ctr: top MLP widths"),
     # data
@@ -138,7 +141,7 @@ MODEL_FLAGS = {
 TRAINING_KEYS = ("model", "vocab_size", "context", "emb_dim", "hidden", "out_dim",
                  "num_sampled", "activation", "n_dense", "n_fields", "table_rows", "bottom",
                  "top", "data", "synthetic_samples", "shuffle", "global_batch", "optimizer",
-                 "lr", "sparse_optimizer", "sparse_lr", "seed", "dtype", "eval_fraction")
+                 "lr", "sparse_optimizer", "sparse_lr", "seed", "dtype", "hash_ids", "eval_fraction")
 
 
 def _check_value(flag: Flag, value, where: str):

@@ -34,6 +34,24 @@ def _check_ctr_features(path, flag, reader, n_dense, n_fields):
                               f"is {value}")
 
 
+def _check_ctr_tables(path, flag, reader, kwargs, hash_ids):
+    """Tables as large as the file's id spaces (its ``cardinality``), unless ids are hashed."""
+    if reader.cardinality is None:
+        return
+    cardinality = [int(c) for c in reader.cardinality]
+    if "table_rows" not in kwargs:
+        kwargs["table_rows"] = cardinality
+        return
+    rows = list(kwargs["table_rows"]) * (len(cardinality) if len(kwargs["table_rows"]) == 1 else 1)
+    small = [f for f, (r, c) in enumerate(zip(rows, cardinality)) if r < c]
+    if small and not hash_ids:
+        f = small[0]
+        raise ConfigError(f"{flag}: {path} has ids up to {cardinality[f] - 1} in field {f} "
+                          f"(cardinality {cardinality[f]}), but --table-rows gives it "
+                          f"{rows[f]} rows: give --table-rows >= the cardinality, or "
+                          "--hash-ids to fold the ids onto the smaller tables on purpose")
+
+
 def build_model(config):
     """The model of ``config``, with the sizes its data file fixes unless given.
 
@@ -65,6 +83,7 @@ def build_model(config):
                                     kwargs.get("n_fields"))
                 kwargs.setdefault("n_dense", int(reader.n_dense))
                 kwargs.setdefault("n_fields", int(reader.n_fields))
+                _check_ctr_tables(path, name, reader, kwargs, config["hash_ids"])
     if kind == "lm" and config["data"] is not None and config["eval_data"] is not None:
         _check_same_vocabulary(config["data"], config["eval_data"], kwargs.get("context", 4))
     return build(kind, **kwargs)
@@ -112,11 +131,15 @@ def open_data(model, config):
         train = open_dataset("synthetic", kind, **sizes, **options)
     else:
         train = open_dataset(config["data"], kind, **options)
+    if kind == "ctr":
+        train.set_table_rows(model.table_rows, config["hash_ids"])
     held = None
     if config["eval_fraction"]:
         train, held = train.split_tail(config["eval_fraction"])
     elif config["eval_data"] is not None:
         held = open_dataset(config["eval_data"], kind, **options)
+        if kind == "ctr":
+            held.set_table_rows(model.table_rows, config["hash_ids"])
     if held is None:
         return train, EvalSet(train, EVAL_POSITION, config["eval_batches"], held_out=False)
     held.shuffle = True  # a fixed random sample of the held-out set, whatever --shuffle says

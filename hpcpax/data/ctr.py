@@ -26,6 +26,9 @@ class _CTRReader(ShardedReader):
         self.n_dense = dense.shape[1]
         self.n_fields = categorical.shape[1]
         self.cardinality = cardinality
+        #: Per-field bound of the ids a batch may hold (None: only >= 0).
+        self.id_limits = None if cardinality is None else np.asarray(cardinality, np.int64)
+        self._limit_sources = ["the file's cardinality"] * self.n_fields
         self._row_bytes = 4 + 4 * self.n_dense + 8 * self.n_fields
         self.name = name
         self._set_span(0, len(label))
@@ -47,6 +50,39 @@ class _CTRReader(ShardedReader):
         return {"dense": rows(self._dense, self._row_bytes),
                 "categorical": rows(self._categorical, self._row_bytes),
                 "label": rows(self._label, self._row_bytes)}
+
+    def set_table_rows(self, table_rows, hash_ids=False) -> None:
+        """Bound each field's ids by the model's table rows too (unless ``hash_ids``).
+
+        Without hashing an id at or above its table's rows is a data error
+        (it would be folded onto another row silently); with it the model folds
+        it (``id % rows``) and only the file's own cardinality bounds it.
+        """
+        if hash_ids:
+            return
+        rows = np.broadcast_to(np.asarray(table_rows, np.int64), (self.n_fields,))
+        current = self.id_limits if self.id_limits is not None else \
+            np.full(self.n_fields, np.iinfo(np.int64).max, np.int64)
+        tighter = rows < current
+        self._limit_sources = ["the table's rows (--table-rows)" if t else s
+                               for t, s in zip(tighter, self._limit_sources)]
+        self.id_limits = np.minimum(current, rows)
+
+    def _check_batch(self, batch, indices):
+        labels, ids = batch["label"], batch["categorical"]
+        bad = ~np.isfinite(labels) | (labels < 0) | (labels > 1)
+        if bad.any():
+            row = int(np.argmax(bad))
+            raise DataError(f"{self.name}: label {labels[row]} at row "
+                            f"{int(indices[row]) + self._span[0]} is not in [0, 1]")
+        bad = ids < 0 if self.id_limits is None else (ids < 0) | (ids >= self.id_limits)
+        if bad.any():
+            row, field = np.argwhere(bad)[0]
+            value = int(ids[row, field])
+            problem = "is negative" if value < 0 else \
+                f"is not below {self._limit_sources[field]} {int(self.id_limits[field])}"
+            raise DataError(f"{self.name}: categorical id {value} at row "
+                            f"{int(indices[row]) + self._span[0]}, field {field} {problem}")
 
     def _table_limits(self, table_rows):
         """Per-field id bound and, per field, which of cardinality/table_rows set it."""

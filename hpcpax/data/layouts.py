@@ -87,10 +87,33 @@ def open_h5(path):
     if os.path.isdir(path):
         raise DataError(f"{path}: is a directory, not an HDF5 file")
     try:
-        return h5py.File(path, "r")
+        h5file = h5py.File(path, "r")
     except OSError as exc:
         raise DataError(f"{path}: not a readable HDF5 file (truncated or corrupted?): {exc}") \
             from exc
+    found = find_link(h5file)
+    if found is not None:
+        h5file.close()
+        raise DataError(f"{path}: {found[0]!r} is a {type(found[1]).__name__} to "
+                        f"{link_target(found[1])!r}; data files hold plain datasets only")
+    return h5file
+
+
+def find_link(h5file):
+    """``(name, link)`` of the first soft or external link in an open HDF5 file, or None.
+
+    Such a link would make a file read data from elsewhere (another file, or a
+    name that a hash of the file does not cover). Not collective.
+    """
+    def check(name, link):  # a non-None return stops the visit
+        return None if isinstance(link, h5py.HardLink) else (name, link)
+
+    return h5file.visititems_links(check)
+
+
+def link_target(link) -> str:
+    """Where a soft or external link points."""
+    return f"{getattr(link, 'filename', '')}:{link.path}".lstrip(":")
 
 
 def _attr_text(value):

@@ -48,6 +48,18 @@ class _LMReader(ShardedReader):
         return {"context": np.ascontiguousarray(windows[:, :self.context]),
                 "target": np.ascontiguousarray(windows[:, self.context])}
 
+    def _check_batch(self, batch, indices):
+        windows = (batch["context"], batch["target"][:, None])
+        low = min(int(w.min()) for w in windows) if len(indices) else 0
+        high = max(int(w.max()) for w in windows) if len(indices) else 0
+        if low >= 0 and high < self.vocab_size:
+            return
+        full = np.concatenate(windows, axis=1)
+        row, offset = np.argwhere((full < 0) | (full >= self.vocab_size))[0]
+        position = int(indices[row]) + self._span[0] + int(offset)
+        raise DataError(f"{self.name}: token id {int(full[row, offset])} at position {position} "
+                        f"is not in [0, {self.vocab_size}) (the file's vocab_size)")
+
     def validate(self, vocab_size=None):
         """Scan every token id (in bounded chunks) and check it is in range.
 
@@ -120,6 +132,18 @@ class LMDataset(_LMReader):
         """The vocabulary as a list of str in id order (read on each access)."""
         with self._reading():
             return list(self._file["vocab"].asstr()[...])
+
+    def _check_batch(self, batch, indices):
+        windows = (batch["context"], batch["target"][:, None])
+        low = min(int(w.min()) for w in windows) if len(indices) else 0
+        high = max(int(w.max()) for w in windows) if len(indices) else 0
+        if low >= 0 and high < self.vocab_size:
+            return
+        full = np.concatenate(windows, axis=1)
+        row, offset = np.argwhere((full < 0) | (full >= self.vocab_size))[0]
+        position = int(indices[row]) + self._span[0] + int(offset)
+        raise DataError(f"{self.name}: token id {int(full[row, offset])} at position {position} "
+                        f"is not in [0, {self.vocab_size}) (the file's vocab_size)")
 
     def validate(self, vocab_size=None):
         with self._reading():

@@ -165,11 +165,18 @@ class ShardedReader:
 
         Raises:
             DataError: ``global_batch`` not divisible by ``num_shards``, an empty
-                shard, fewer samples than one global batch, or an unreadable file.
+                shard, fewer samples than one global batch, an unreadable file,
+                or a value out of range in the batch (named with its position).
         """
         indices = self.sample_indices(step, global_batch, shard, num_shards)
         with self._reading():
-            return self._read(indices)
+            batch = self._read(indices)
+        self._check_batch(batch, indices)
+        return batch
+
+    def _check_batch(self, batch, indices) -> None:
+        """Raise :class:`~hpcpax.errors.DataError` for a value no model may train on
+        (cheap: a pass over the batch), naming the file and the position."""
 
     @contextlib.contextmanager
     def _reading(self):

@@ -19,7 +19,7 @@ from hpcpax.app import checkpoint as ckpt
 from hpcpax.app.metrics import read_metrics
 from hpcpax.app.trainer import Trainer
 from hpcpax.data import write_lm
-from hpcpax.errors import CheckpointError, ConfigError, MismatchError
+from hpcpax.errors import CheckpointError, ConfigError, DataError, MismatchError
 
 SMALL = {"model": "lm", "vocab_size": 300, "context": 3, "emb_dim": 8, "hidden": [16],
          "out_dim": 8, "num_sampled": 16, "global_batch": 12, "synthetic_samples": 5000,
@@ -238,3 +238,89 @@ def test_plan_json_follows_the_umask(tmp_path):
     finally:
         os.umask(old)
     assert stat.S_IMODE(os.stat(tmp_path / "run" / "plan.json").st_mode) == 0o644
+
+
+# ------------------------------------------------------------- 5. invalid data
+CTR = {"model": "ctr", "n_dense": 2, "n_fields": 2, "emb_dim": 4, "global_batch": 8,
+       "plan": "ps", "quiet": True, "shuffle": False}
+
+
+def _ctr_file(path, categorical=None, label=None, cardinality=(50, 50), rows=64):
+    """An ``hpcpax-ctr/1`` file written with h5py (the converters refuse bad values)."""
+    rng = np.random.default_rng(1)
+    categorical = rng.integers(0, 50, (rows, 2)) if categorical is None else categorical
+    label = rng.integers(0, 2, rows).astype(np.float32) if label is None else label
+    with h5py.File(path, "w") as f:
+        f.attrs.update({"format": "hpcpax-ctr/1", "n_dense": 2, "n_fields": 2,
+                        "cardinality": np.asarray(cardinality, np.int64)})
+        f["label"] = np.asarray(label, np.float32)
+        f["dense"] = rng.normal(size=(rows, 2)).astype(np.float32)
+        f["categorical"] = np.asarray(categorical, np.int64)
+    return str(path)
+
+
+def _train_ctr(tmp_path, data, **config):
+    return Trainer({**CTR, "data": data, "run_dir": str(tmp_path / f"ctr{len(os.listdir(tmp_path))}"),
+                    "steps": 6, **config}, comm=MPI.COMM_SELF).run()
+
+
+@pytest.mark.parametrize("where, value, words", [
+    ((13, 1), -3, r"categorical id -3 at row 13, field 1 is negative"),
+    ((21, 0), 50, r"categorical id 50 at row 21, field 0 is not below the file's cardinality 50"),
+])
+def test_bad_ctr_ids_are_data_errors_naming_file_row_and_field(tmp_path, where, value, words):
+    categorical = np.ones((64, 2), np.int64)
+    categorical[where] = value
+    with pytest.raises(DataError, match=r"bad.h5: " + words):
+        _train_ctr(tmp_path, _ctr_file(tmp_path / "bad.h5", categorical))
+
+
+@pytest.mark.parametrize("value", [1.5, float("nan")])
+def test_a_bad_label_is_a_data_error_not_a_nonfinite_gradient(tmp_path, value):
+    label = np.zeros(64, np.float32)
+    label[30] = value
+    with pytest.raises(DataError, match=rf"label {value} at row 30 is not in \[0, 1\]"):
+        _train_ctr(tmp_path, _ctr_file(tmp_path / "label.h5", label=label))
+
+
+def test_the_files_cardinality_sizes_the_tables_and_is_never_folded_silently(tmp_path):
+    data = _ctr_file(tmp_path / "wide.h5", cardinality=(1_048_576, 50))
+    trainer = Trainer({**CTR, "data": data, "run_dir": str(tmp_path / "a"), "steps": 2},
+                      comm=MPI.COMM_SELF)
+    trainer.run()
+    assert list(trainer.model.table_rows) == [1_048_576, 50]  # the file's id spaces
+    with pytest.raises(ConfigError, match=r"wide.h5 has ids up to 1048575 in field 0 "
+                                          r"\(cardinality 1048576\), but --table-rows gives it "
+                                          r"10000 rows: .* or --hash-ids"):
+        _train_ctr(tmp_path, data, table_rows=[10_000])
+    folded = _train_ctr(tmp_path, data, table_rows=[10_000], hash_ids=True)
+    assert folded["final_loss"] is not None
+
+
+def test_an_lm_token_out_of_range_names_the_file_and_position(tmp_path):
+    tokens = np.arange(400) % 300
+    vocab = ["<unk>"] + [f"w{i}" for i in range(299)]
+    write_lm(tmp_path / "lm.h5", tokens, vocab)
+    with h5py.File(tmp_path / "lm.h5", "r+") as f:  # the converters refuse to write this
+        f["tokens"][157] = 300  # the file says vocab_size 300
+    config = {**SMALL, "data": str(tmp_path / "lm.h5"), "shuffle": False}
+    config.pop("synthetic_samples")
+    with pytest.raises(DataError, match=r"lm.h5: token id 300 at position 157 is not in "
+                                        r"\[0, 300\)"):
+        Trainer({**config, "run_dir": str(tmp_path / "run"), "steps": 20},
+                comm=MPI.COMM_SELF).run()
+
+
+def test_a_link_in_a_data_file_is_refused_at_open(tmp_path):
+    tokens = np.arange(400) % 300
+    vocab = ["<unk>"] + [f"w{i}" for i in range(299)]
+    write_lm(tmp_path / "other.h5", tokens, vocab)
+    write_lm(tmp_path / "lm.h5", tokens, vocab)
+    with h5py.File(tmp_path / "lm.h5", "r+") as f:
+        del f["tokens"]
+        f["tokens"] = h5py.ExternalLink(str(tmp_path / "other.h5"), "tokens")
+    from hpcpax.data import open_dataset
+
+    with pytest.raises(DataError, match=r"lm.h5: 'tokens' is a ExternalLink to .*other.h5:"
+                                        r"tokens'; data files hold plain datasets only"):
+        open_dataset(str(tmp_path / "lm.h5"), "lm", context=3)
