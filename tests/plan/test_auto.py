@@ -89,9 +89,10 @@ def test_auto_charges_ps_tables_their_share_of_a_batched_exchange():
 
     fields = [{"name": f"f{k}", "kind": "sparse", "shape": (10_000, 16), "dtype": "float32",
                "alpha": 0.01} for k in range(26)]
-    plan = make_plan(fields, "hybrid", TOPO, FABRIC)
+    plan = make_plan(fields, "hybrid", TOPO, FABRIC, params=CostParams())
     batched = predict(fields[0] | {"shape": (10_000, 16)}, "ps", TOPO, FABRIC, partitions=8,
                       params=CostParams(ps_batch=26))
-    alone = make_plan(fields[:1], "hybrid", TOPO, FABRIC).variables["f0"].predicted_s
+    alone = make_plan(fields[:1], "hybrid", TOPO, FABRIC,
+                      params=CostParams()).variables["f0"].predicted_s
     assert plan.variables["f0"].predicted_s == pytest.approx(batched, rel=1e-12)
     assert plan.variables["f0"].predicted_s < alone
