@@ -104,7 +104,8 @@ def test_partition_parallelism_and_per_partition_cost():
             assert value == pytest.approx(expected), (lanes, p)
     # hpcpax (one lane, no per-partition cost): partitions change nothing on the server
     params = CostParams(kernels={"apply": {"call_s": 0.0, "unit_s": per_byte}})
-    one, many = (predict(var, "ps", {"num_nodes": 1, "workers_per_node": 2, "servers_per_node": 1},
+    one, many = (predict(var, "ps_no_local_aggregation", {"num_nodes": 1, "workers_per_node": 2,
+                                                          "servers_per_node": 1},
                          LINKS, partitions=p, params=params) for p in (1, 16))
     assert one == pytest.approx(many)
 
