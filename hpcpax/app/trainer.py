@@ -713,6 +713,8 @@ class Trainer:
             "phases": totals["phases"], "total": totals["total"],
         }
         self._write_json("summary.json", summary)
+        from ..plan.records import record_run
+        record_run(self)  # one record in the run log (never raises)
         if not self.config["quiet"]:
             first, final = summary["first_loss"], summary["final_loss"]
             print(f"hpcpax.train: {steps_run} steps in {wall:.1f} s"

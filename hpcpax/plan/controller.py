@@ -165,7 +165,8 @@ class PlanController:
         trainer = self.trainer
         out = [{"name": n, "kind": "sparse", "shape": [s.rows, s.dim], "dtype": s.dtype,
                 "alpha": max(measured[n]["alpha"], 1e-12),
-                "alpha_node": max(measured[n]["alpha_node"], 1e-12)}
+                "alpha_node": max(measured[n]["alpha_node"], 1e-12),
+                "duplicate_ratio": max(measured[n]["duplicate_ratio"], 1.0)}
                for n, s in trainer.specs.items()]
         out += [{"name": n, "kind": "dense", "shape": list(p.shape), "dtype": str(p.dtype)}
                 for n, p in trainer.dense.items()]
@@ -174,6 +175,7 @@ class PlanController:
     def _decide(self, replanning):
         from ..comm.agreement import check_same
         from . import Plan, make_plan, predict_all, should_switch
+        from .learned import load_correction
 
         trainer = self.trainer
         topo = trainer.topology
@@ -181,7 +183,8 @@ class PlanController:
         text = None
         if trainer._is_leader:
             plan = make_plan(self._variables(measured), self.mode, self._shape(),
-                             self.fabric, measurements=measured, search=self.search)
+                             self.fabric, measurements=measured, search=self.search,
+                             correction=load_correction())
             text = plan.to_json()
         plan = Plan.from_json(topo.workers.bcast(text, root=0))
         check_same(topo.workers, "plan", {"fingerprint": plan.fingerprint()})
