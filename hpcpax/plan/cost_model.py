@@ -206,6 +206,16 @@ class CostParams:
             and runs after the backward pass).
         backward_fraction: share of the compute time that is the backward
             pass (used with ``overlap_dense``).
+        handoff: ``{"handoff_s", "handoff_per_work"}``: each stage of local
+            work of ``w`` seconds also costs ``handoff_s + handoff_per_work
+            * w`` before the next collective can run (measured by
+            :func:`hpcpax.plan.calibrate.measure_handoff`; 0 when None).
+        software: ``{operation: {"call_s", "per_variable_s"}}``: hpcpax's
+            host overhead per batched operation (``ps_pull``, ``ps_push``,
+            ``allgather_push``, ``dense_allreduce``), from
+            :func:`hpcpax.plan.calibrate.measure_software`. It includes the
+            kernels' fixed cost per call, so with it :meth:`kernel` counts
+            only their per-unit cost.
         source: where the numbers come from (printed with predictions).
     """
 
@@ -217,6 +227,8 @@ class CostParams:
     ps_batch: int | None = None
     overlap_dense: float = 0.0
     backward_fraction: float = 2.0 / 3.0
+    handoff: dict | None = None
+    software: dict | None = None
     source: str = ""
 
     @classmethod
@@ -235,12 +247,21 @@ class CostParams:
             return 0.0, 1.0 / float(fallback_Bps)
         return 0.0, 0.0
 
+    def overhead(self, operation: str, variables: int) -> float:
+        """hpcpax's host seconds for one ``operation`` carrying ``variables`` variables."""
+        if not self.software or operation not in self.software or variables <= 0:
+            return 0.0
+        entry = self.software[operation]
+        return float(entry["call_s"]) + float(entry["per_variable_s"]) * variables
+
     def kernel(self, name: str, units):
         """Seconds of kernel ``name`` on ``units`` (scalar or array; 0 units cost 0)."""
         fallback = {"apply": self.server_apply_Bps,
                     "gather": self.server_gather_Bps or self.server_apply_Bps,
                     "dedup": self.server_apply_Bps}.get(name)
         call, per = self._rate(name, fallback)
+        if self.software:
+            call = 0.0  # inside the measured per-operation overhead
         units = np.asarray(units, np.float64)
         out = np.where(units > 0, call + units * per, 0.0)
         return float(out) if out.ndim == 0 else out
@@ -251,7 +272,7 @@ class CostParams:
                 "server_gather_Bps": self.server_gather_Bps, "server_lanes": self.server_lanes,
                 "kernels": self.kernels, "ps_batch": self.ps_batch,
                 "overlap_dense": self.overlap_dense, "backward_fraction": self.backward_fraction,
-                "source": self.source}
+                "handoff": self.handoff, "software": self.software, "source": self.source}
 
 
 def _routing(var: VarSpec, method: str, layout, partitions: int, local_aggregation: bool):

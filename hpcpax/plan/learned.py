@@ -24,7 +24,8 @@ import numpy as np
 __all__ = ["FEATURES", "MIN_RECORDS", "Correction", "fit_correction", "load_correction",
            "record_features"]
 
-FEATURES = ("latency", "intra link", "inter link", "node NIC", "server CPU", "client kernels")
+FEATURES = ("latency", "intra link", "inter link", "node NIC", "server CPU", "client kernels",
+            "scheduling", "software")
 MIN_RECORDS = 8
 RIDGE = 0.1  # pull towards the analytic model, relative to the mean squared feature
 WEIGHT_RANGE = (0.05, 20.0)

@@ -35,6 +35,7 @@ from .traffic import COUNT_BYTES, HEADER_BYTES, INDEX_BYTES, Layout
 __all__ = ["StepPrediction", "predict_step", "PHASES", "REDUCE_STEP_BYTES"]
 
 PHASES = ("data", "pull", "compute", "push", "dense", "optimizer", "control")
+LOCAL_WORK = ("compute", "client kernels", "server CPU", "software")
 #: The trainer's per-step ``Allreduce`` of loss, batch, flag, 6 times, 8 x 3 byte counters.
 REDUCE_STEP_BYTES = (3 + 6 + 8 * 3) * 8
 
@@ -54,12 +55,19 @@ class StepPrediction:
     def bottleneck(self) -> str:
         return max(self.resources, key=self.resources.get) if self.resources else ""
 
+    handoff: dict | None = None
+
     def charge(self, phase, resource, seconds):
         seconds = float(seconds)
         if seconds <= 0:
             return
         self.phases[phase] = self.phases.get(phase, 0.0) + seconds
         self.resources[resource] = self.resources.get(resource, 0.0) + seconds
+        if self.handoff and resource in LOCAL_WORK:
+            # the stage hands over to a collective whose ranks sat polling
+            extra = self.handoff["handoff_s"] + self.handoff["handoff_per_work"] * seconds
+            self.phases[phase] += extra
+            self.resources["scheduling"] = self.resources.get("scheduling", 0.0) + extra
 
     def charge_cost(self, phase, cost: coll.Cost, scale: float = 1.0):
         """Charge a collective: its latency to ``latency``, the rest to the resources it used."""
@@ -159,7 +167,7 @@ def predict_step(layout: Layout, links, params, routings: dict, dense_bytes=(),
         include_control: add the trainer's per-step figures ``Allreduce``.
     """
     links = coll.Links.from_fabric(links)
-    pred = StepPrediction()
+    pred = StepPrediction(handoff=params.handoff)
     share = 1.0 / max(1, int(ps_batch)) if ps_batch else 1.0
     workers = list(layout.worker_ranks)
     worker_nodes = [layout.node_of[r] for r in workers]
@@ -171,6 +179,7 @@ def predict_step(layout: Layout, links, params, routings: dict, dense_bytes=(),
     densified = [r for r in routings.values() if r.method == "dense"]
     # pull: ids deduplicated, then the PS tables in one exchange; replicas read locally
     if on_ps:
+        pred.charge("pull", "software", params.overhead("ps_pull", len(on_ps)))
         pred.charge("pull", "client kernels",
                     max(sum(params.kernel("unique", r.raw[w]) for r in on_ps) for w in workers))
         _ps_exchange(pred, "pull", layout, links, params, on_ps, lambda r: INDEX_BYTES,
@@ -187,6 +196,8 @@ def predict_step(layout: Layout, links, params, routings: dict, dense_bytes=(),
         pred.charge("push", "client kernels", max(
             sum(params.kernel("dedup", r.raw[w] * r.row_bytes) for r in routings.values())
             for w in workers))
+    if replicas:
+        pred.charge("push", "software", params.overhead("allgather_push", len(replicas)))
     if gathered:
         record = [r.unique[workers] * (INDEX_BYTES + r.row_bytes) for r in gathered]
         pred.charge_cost("push", coll.allgatherv(worker_nodes, COUNT_BYTES * len(gathered), links))
@@ -209,11 +220,13 @@ def predict_step(layout: Layout, links, params, routings: dict, dense_bytes=(),
             return (params.kernel("dedup", rows * r.row_bytes)
                     + params.kernel("apply", distinct * r.row_bytes))
 
+        pred.charge("push", "software", params.overhead("ps_push", len(on_ps)))
         _ps_exchange(pred, "push", layout, links, params, on_ps,
                      lambda r: INDEX_BYTES + r.row_bytes, apply_work, share,
                      lambda r, rows: params.kernel("dedup", rows * r.row_bytes))
     # dense: blocking fused allreduce, one bucket after the other
     total = float(sum(dense_bytes))
+    pred.charge("dense", "software", params.overhead("dense_allreduce", len(dense_bytes)))
     if total > 0 and len(workers) > 1:
         full, rest = divmod(total, links.bucket_bytes)
         if full:
