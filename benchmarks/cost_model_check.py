@@ -1,10 +1,11 @@
 """Does the cost model predict what the trainer then does? Bytes, times, choices.
 
-For each layout (1-6 ranks, virtual nodes, 0-2 servers), the job first
-measures the model's constants under the same load as training
-(:func:`hpcpax.plan.calibrate.calibrate`: fabric, ``Allreduce``, kernel
-rates, with every rank busy; the models' compute per step with every worker
-computing at once). Then it trains each model (``lm``, ``ctr``) at two
+For each layout (2-6 ranks, virtual nodes, 0-2 servers) and each round,
+the job first measures the model's constants under the same load as the
+round's runs (:func:`hpcpax.plan.calibrate.calibrate`: fabric,
+``Allreduce``, kernel rates, hand-off, hpcpax's host overhead, with every
+rank busy; the models' compute per step with every worker computing at
+once). Then it trains each model (``lm``, ``ctr``) at two
 sparsity levels with each method (``ps`` with and without local
 aggregation, ``ps`` with 16 partitions, ``allgather``, ``dense``),
 interleaved over ``--rounds`` rounds, and compares:
@@ -12,8 +13,9 @@ interleaved over ``--rounds`` rounds, and compares:
 * bytes: the model's routing of each step's real ids
   (:func:`hpcpax.plan.traffic.routing_from_ids`) against the accounting's
   bytes per step, phase and direction (``bytes_exact``);
-* time: the step model's prediction against the median measured step
-  (``time_median_abs_error``, ``time_worst_abs_error``: relative errors);
+* time: the step model's prediction (median over rounds, each with its own
+  calibration) against the median measured step (``time_median_abs_error``,
+  ``time_worst_abs_error``: relative errors);
 * ranking: Spearman correlation of predicted and measured method times per
   (layout, model, sparsity) group (``spearman_min``), and how often the
   predicted best is within 10 % of the measured best (``choice_within_10pct``).
@@ -50,13 +52,13 @@ LAYOUTS = [(2, 2, 0), (3, 3, 1), (4, 2, 1), (4, 2, 0), (6, 3, 1), (6, 2, 0)]
 QUICK_LAYOUTS = [(3, 3, 1), (4, 2, 0)]
 CONFIGS = {
     "lm-dense": {"model": "lm", "vocab_size": 2_000, "emb_dim": 32, "hidden": [64],
-                 "out_dim": 32, "num_sampled": 64, "global_batch": 256},
+                 "out_dim": 32, "num_sampled": 64, "global_batch": 240},
     "lm-sparse": {"model": "lm", "vocab_size": 100_000, "emb_dim": 32, "hidden": [64],
-                  "out_dim": 32, "num_sampled": 64, "global_batch": 256},
+                  "out_dim": 32, "num_sampled": 64, "global_batch": 240},
     "ctr-dense": {"model": "ctr", "n_fields": 8, "table_rows": 1_000, "emb_dim": 16,
-                  "global_batch": 256},
+                  "global_batch": 240},
     "ctr-sparse": {"model": "ctr", "n_fields": 8, "table_rows": 50_000, "emb_dim": 16,
-                   "global_batch": 256},
+                   "global_batch": 240},
 }
 METHODS = {
     "ps": {"plan": "ps", "local_aggregation": True},
@@ -229,21 +231,22 @@ def job_main(args):
     ranks_per_node, servers = args.ranks_per_node, args.servers_per_node
     os.environ["HPCPAX_RANKS_PER_NODE"] = str(ranks_per_node)
     os.environ["HPCPAX_SERVERS_PER_NODE"] = str(servers)
-    topo = hpcpax.init(ranks_per_node, servers)
-    calibration = calibrate(topo, fabric_seconds=1.0)
     configs = {k: v for k, v in CONFIGS.items() if k in args.configs}
-    compute = {}
-    for name, config in configs.items():
-        compute[name] = _calibrate_compute(topo, {**config, "ranks_per_node": ranks_per_node,
-                                                  "servers_per_node": servers})
-    several_per_node = topo.num_workers > topo.num_nodes
-    topo.free()
-    methods = {k: v for k, v in METHODS.items()
-               if several_per_node or k != "ps-no-aggregation"}
-    results = []
+    results, calibrations = [], []
     with tempfile.TemporaryDirectory() as scratch:
         workdir = comm.bcast(scratch if comm.Get_rank() == 0 else None)
         for round_index in range(args.rounds):
+            # each round measures its constants just before its runs, under the same load
+            topo = hpcpax.init(ranks_per_node, servers)
+            calibration = calibrate(topo, fabric_seconds=1.0)
+            compute = {name: _calibrate_compute(topo, {**config, "ranks_per_node": ranks_per_node,
+                                                       "servers_per_node": servers})
+                       for name, config in configs.items()}
+            several_per_node = topo.num_workers > topo.num_nodes
+            topo.free()
+            calibrations.append({**calibration, "compute": compute})
+            methods = {k: v for k, v in METHODS.items()
+                       if several_per_node or k != "ps-no-aggregation"}
             for name, config in configs.items():
                 for method_name, method in methods.items():
                     base = {**config, "ranks_per_node": ranks_per_node,
@@ -255,7 +258,7 @@ def job_main(args):
     if comm.Get_rank() == 0:
         with open(args.out, "w", encoding="utf-8") as handle:
             json.dump({"layout": [comm.Get_size(), ranks_per_node, servers],
-                       "calibration": calibration, "compute": compute, "runs": results}, handle)
+                       "calibrations": calibrations, "runs": results}, handle)
 
 
 # ----------------------------------------------------------------------- orchestrator side
@@ -279,7 +282,7 @@ def _summaries(layout_results):
             out.append({"layout": job["layout"], "config": config, "method": method,
                         "measured_s": float(np.median(measured)),
                         "spread": float((max(measured) - min(measured)) / np.median(measured)),
-                        "predicted_s": runs[0]["predicted"]["seconds"],
+                        "predicted_s": float(np.median([r["predicted"]["seconds"] for r in runs])),
                         "bottleneck": runs[0]["predicted"]["bottleneck"],
                         "byte_mismatches": sum(r["byte_mismatches"] for r in runs),
                         "byte_checks": sum(r["byte_checks"] for r in runs),
