@@ -19,7 +19,7 @@ FIELDS = {"sent": 0, "recv": 1, "sent_inter": 2}
 def _mismatches(trainer, run_dir, layout):
     """(phase, field, step, measured, predicted) for every byte figure that differs."""
     rows = [json.loads(line) for line in open(os.path.join(run_dir, "metrics.jsonl"))]
-    rows = [r for r in rows if "loss" in r]
+    rows = [r for r in rows if "loss" in r and r["step"] > 1]  # step 1 also holds set-up
     workers = list(layout.worker_ranks)
     n, dense = len(workers), [int(p.nbytes) for p in trainer.dense.values()]
     out = []
