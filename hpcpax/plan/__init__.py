@@ -1,19 +1,27 @@
 """Planner: measurements, cost model, partition search, plans.
 
-Pure Python and NumPy; nothing here is collective and nothing imports MPI,
-CuPy or matplotlib. The trainer measures (fabric, sparsity, step times),
+Pure Python and NumPy except the measuring side (``calibrate``,
+``controller``, ``live_search``); the pure modules import no MPI, CuPy or
+matplotlib. The trainer measures (fabric, sparsity, step times),
 feeds the numbers here, and compares the resulting plan's fingerprint
 across ranks.
 
 * :mod:`~hpcpax.plan.plan`: :class:`Plan`, :class:`VariablePlan`, JSON,
   :func:`assign_owners`.
-* :mod:`~hpcpax.plan.cost_model`: alpha-beta predictions per method.
+* :mod:`~hpcpax.plan.cost_model`: predictions per variable and method, on
+  :mod:`~hpcpax.plan.traffic` (exact routing and bytes),
+  :mod:`~hpcpax.plan.collectives` (MPICH's algorithms) and
+  :mod:`~hpcpax.plan.step_model` (the trainer's step, bottleneck).
+* :mod:`~hpcpax.plan.runlog`, :mod:`~hpcpax.plan.learned`: the SQLite run
+  log and the correction fitted on it (``python -m hpcpax.runs``).
+* :mod:`~hpcpax.plan.calibrate` (collective, not pure): the model's
+  constants measured on the machine.
 * :mod:`~hpcpax.plan.partition_search`: Parallax's partition search.
 * :mod:`~hpcpax.plan.measure`: :class:`SparsityStats`.
 * :mod:`~hpcpax.plan.auto`: :func:`make_plan` by mode or by cost.
 
 The simulator CLI built on the same model is ``python -m hpcpax.sim``;
-its presets are JSON files in ``hpcpax/planner/presets/``.
+its presets are JSON files in ``hpcpax/plan/presets/``.
 """
 
 from .auto import MODES, make_plan, should_switch
