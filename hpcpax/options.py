@@ -141,6 +141,9 @@ OPTIONS = (
            "dense allreduce fusion size, skipping the autotune"),
     Option("cuda_aware_mpi", _switch, None,
            "1/0: the MPI library does/does not take GPU buffers (default: ask the library)"),
+    Option("run_log", str, None,
+           "SQLite file of the run log (python -m hpcpax.runs), or off (default: "
+           "$XDG_CACHE_HOME/hpcpax/runs.sqlite)"),
     Option("numba", _switch, True, "0: NumPy reference kernels instead of the Numba ones"),
     Option("numba_threads", _integer(1), None,
            "Numba threads of the parallel kernels (default: as for threads)"),

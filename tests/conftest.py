@@ -2,7 +2,11 @@
 
 import os
 
+
 import pytest
+
+# Tests never write into the user's run log; run-log tests set their own file.
+os.environ.setdefault("HPCPAX_RUN_LOG", "off")
 
 
 def pytest_configure(config):

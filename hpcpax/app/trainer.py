@@ -32,6 +32,7 @@ from ..comm.agreement import check_same
 from ..comm.watchdog import Watchdog
 from ..options import parse_bytes
 from ..plan.controller import PlanController
+from ..plan.records import record_run
 from . import build
 from .checkpointing import RunCheckpoints
 from .commands import CommandChannel
@@ -391,6 +392,7 @@ class Trainer:
             return {"rank": topo.rank, "role": topo.role}
         self._bar.close()
         write_json(os.path.join(self.run_dir, "summary.json"), summary)
+        record_run(self)  # one record in the run log (never raises)
         if not self.config["quiet"]:
             print(summary_line(summary, self.run_dir), flush=True)
         return summary

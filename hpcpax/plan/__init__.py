@@ -5,6 +5,7 @@ in it is collective and nothing imports MPI (checked by
 ``tests/test_layers.py``); the trainer measures (fabric, sparsity, step
 times), feeds the numbers in, and compares the resulting plan's fingerprint
 across ranks. The collective parts act on a running job:
+:mod:`~hpcpax.plan.calibrate` (measures the machine's constants),
 :mod:`~hpcpax.plan.controller` (measure, plan, apply, re-plan, through the
 trainer's public interface) and :mod:`~hpcpax.plan.live_search` (the
 partition search on live steps).
@@ -13,7 +14,14 @@ Pure:
 
 * :mod:`~hpcpax.plan.plan`: :class:`Plan`, :class:`VariablePlan`, JSON,
   :func:`assign_owners`.
-* :mod:`~hpcpax.plan.cost_model`: alpha-beta predictions per method.
+* :mod:`~hpcpax.plan.cost_model`: predictions per variable and method, on
+  :mod:`~hpcpax.plan.traffic` (exact routing and bytes),
+  :mod:`~hpcpax.plan.collectives` (MPICH's algorithms) and
+  :mod:`~hpcpax.plan.step_model` (the trainer's step, bottleneck).
+* :mod:`~hpcpax.plan.runlog`, :mod:`~hpcpax.plan.learned`: the SQLite run
+  log and the correction fitted on it (``python -m hpcpax.runs``).
+* :mod:`~hpcpax.plan.calibrate` (collective, not pure): the model's
+  constants measured on the machine.
 * :mod:`~hpcpax.plan.partition_search`: Parallax's partition search.
 * :mod:`~hpcpax.plan.measure`: :class:`SparsityStats`.
 * :mod:`~hpcpax.plan.auto`: :func:`make_plan` by mode or by cost.

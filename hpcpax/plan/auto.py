@@ -55,7 +55,7 @@ def _partitions_for(name, partitions, default):
 
 def make_plan(variables, mode: str, topology, fabric, partitions=None,
               params: CostParams | None = None, measurements: dict | None = None,
-              search: dict | None = None) -> Plan:
+              search: dict | None = None, correction=None) -> Plan:
     """A plan for ``variables`` under ``mode``.
 
     Args:
@@ -68,8 +68,13 @@ def make_plan(variables, mode: str, topology, fabric, partitions=None,
         fabric: ``hpcpax.comm.fabric.Fabric`` or its ``to_dict()``.
         partitions: ``None`` (``max(1, servers)``), one int for every ``ps``
             variable, or ``{name: int}`` (for example from the search).
-        params: cost model constants.
+        params: cost model constants (default: kernel rates timed here,
+            :meth:`CostParams.measured`).
         measurements, search: evidence copied into the plan.
+        correction: a learned :class:`~hpcpax.plan.learned.Correction` (or
+            :func:`~hpcpax.plan.learned.load_correction`'s ``(correction,
+            why)``) applied to ``auto``'s predictions; the plan's
+            ``search["cost_model"]`` says whether it was used and why.
 
     Raises:
         ConfigError: unknown mode, duplicate name, or bad partitions.
@@ -84,7 +89,11 @@ def make_plan(variables, mode: str, topology, fabric, partitions=None,
         raise ConfigError(f"variable names must be unique, not repeated {duplicates}")
     several_per_node = shape.workers_per_node > 1
     default_partitions = max(1, shape.servers)
-    params = params or CostParams()
+    params = params or CostParams.measured()
+    correction, why = correction if isinstance(correction, tuple) else (
+        correction, "used" if correction is not None else "no learned correction given")
+    if mode != "auto" and correction is not None:
+        correction, why = None, f"not used: mode {mode} follows a rule"
     if params.ps_batch is None:  # PS tables share their exchanges (push_many)
         sparse = sum(1 for s in specs if s.kind == "sparse")
         params = dataclasses.replace(params, ps_batch=max(1, sparse))
@@ -93,7 +102,8 @@ def make_plan(variables, mode: str, topology, fabric, partitions=None,
     for spec in specs:
         parts = _partitions_for(spec.name, partitions, default_partitions)
         if mode == "auto":
-            method, times, reason = choose(spec, shape, fabric, partitions=parts, params=params)
+            method, times, reason = choose(spec, shape, fabric, partitions=parts, params=params,
+                                           correction=correction)
             local = method == "ps" and several_per_node
             predicted = times[method]
         else:
@@ -129,7 +139,11 @@ def make_plan(variables, mode: str, topology, fabric, partitions=None,
     for spec in specs:
         if spec.kind == "sparse" and spec.name not in measured:
             measured[spec.name] = {"alpha": spec.alpha, "alpha_node": spec.alpha_node}
-    search_info = {"mode": mode}
+    search_info = {"mode": mode, "cost_model": {
+        "learned_correction": correction is not None, "why": why,
+        "params": params.source or "given"}}
+    if correction is not None:
+        search_info["cost_model"]["correction"] = correction.to_dict()
     search_info.update(search or {})
     return Plan(variables=plan_vars, fabric=fabric_dict, measurements=measured,
                 topology=shape.to_dict(), search=search_info)

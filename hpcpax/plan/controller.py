@@ -168,7 +168,8 @@ class PlanController:
         trainer = self.trainer
         out = [{"name": n, "kind": "sparse", "shape": [v.spec.rows, v.spec.dim],
                 "dtype": v.spec.dtype, "alpha": max(measured[n]["alpha"], 1e-12),
-                "alpha_node": max(measured[n]["alpha_node"], 1e-12)}
+                "alpha_node": max(measured[n]["alpha_node"], 1e-12),
+                "duplicate_ratio": max(measured[n]["duplicate_ratio"], 1.0)}
                for n, v in trainer.sync.variables.items()]
         out += [{"name": n, "kind": "dense", "shape": list(p.shape), "dtype": str(p.dtype)}
                 for n, p in trainer.dense.items()]
@@ -179,6 +180,7 @@ class PlanController:
         from .plan import Plan
         from .auto import make_plan, should_switch
         from .cost_model import predict_all
+        from .learned import load_correction
 
         trainer = self.trainer
         topo = trainer.topology
@@ -186,7 +188,8 @@ class PlanController:
         text = None
         if trainer.is_leader:
             plan = make_plan(self._variables(measured), self.mode, self._shape(),
-                             self.fabric, measurements=measured, search=self.search)
+                             self.fabric, measurements=measured, search=self.search,
+                             correction=load_correction())
             text = plan.to_json()
         plan = Plan.from_json(topo.workers.bcast(text, root=0))
         check_same(topo.workers, "plan", {"fingerprint": plan.fingerprint()})

@@ -1,36 +1,30 @@
-"""Alpha-beta cost model: seconds per step to synchronize one variable.
+"""The cost model: predicted seconds per step to synchronize a variable.
 
-Every message costs ``latency + bytes / bandwidth`` on the link it crosses
-(``fabric.intra`` inside a node, ``fabric.inter`` between nodes). Phases run
-one after another and nothing overlaps compute. Notation: ``n`` workers on
-``N`` nodes, ``g = n / N`` workers per node, ``S`` servers, ``P`` partitions,
-``row = dim * itemsize + 8`` bytes per sparse row on the wire (values plus an
-int64 index), ``alpha`` the fraction of rows one worker touches per step and
-``alpha_node`` the fraction the union of a node's workers touches.
+Mechanisms (each in its own module, all pure arithmetic):
 
-* ``allreduce`` (dense, or a sparse variable densified to ``B`` bytes): ring,
-  ``2 (n-1)/n * B`` through the slowest link used and ``2 (n-1)`` latencies
-  per fusion bucket; with several nodes and several workers per node the
-  hierarchical variant (intra reduce-scatter, inter ring over nodes, intra
-  allgather) is used when it is faster.
-* ``allgather`` (Horovod's sparse path): ring allgather of (indices, values);
-  every worker receives ``(n-1) * alpha * rows * row`` bytes, growing with n.
-* ``ps``: push, then pull. Each node (local aggregation) or each worker
-  (without) sends ``alpha_x * rows * row`` bytes each way, the off-node part
-  ``(N-1)/N`` of it through its node's NIC; the busiest server NIC carries
-  its share of everything (``ceil(P/S)/P`` per server, ``S/N`` servers per
-  NIC). Each phase costs the larger of the client side and the server side,
-  plus message latencies (a client sends ``P`` messages, the busiest server
-  receives ``senders * ceil(P/S)``), plus ``partition_overhead_s`` per
-  partition (packing, one request per partition). Servers gather/apply rows
-  at ``server_apply_Bps``. Local aggregation adds the intra-node exchange of
-  each worker's rows by destination, at the intra link. PS tables of one
-  step travel together (``CostParams.ps_batch`` of them per exchange), so
-  each pays its share of the message latencies.
+* :mod:`~hpcpax.plan.traffic`: who sends how many rows to whom for each
+  method (``ps`` with and without local aggregation, ``allgather``,
+  ``allreduce``), exactly from ids or in expectation from the measured row
+  density ``alpha``; the bytes it makes match the accounting's to the byte.
+* :mod:`~hpcpax.plan.collectives`: seconds of each collective for the
+  algorithm MPICH runs (ring / recursive doubling / Bruck allgather, whose
+  bytes per worker grow with the number of workers; scattered all-to-all
+  with one latency per non-empty peer; node-aware allreduce), with the ranks
+  of a node sharing one NIC (incast at a server is its NIC's bytes).
+* :mod:`~hpcpax.plan.step_model`: the trainer's step as it runs, phase after
+  phase with no overlap; server work parallel over the partitions a server
+  owns (``server_lanes``) plus a cost per partition; local aggregation's
+  node fan-in (the delegate receives and sums its node's rows); kernel
+  seconds from measured rates (:mod:`~hpcpax.plan.kernel_rates`).
 
-``alpha_node`` defaults to ``1 - (1 - alpha) ** g`` (independent access);
-Zipf access shares hot rows, so a measured value is smaller and better.
-Nothing here is collective; everything is plain Python floats.
+This module keeps the per-variable interface the planner uses
+(:func:`predict`, :func:`predict_all`, :func:`choose`): one variable priced
+alone, its share of the batched exchanges' latencies included. Notation:
+``n`` workers on ``N`` nodes, ``g = n / N`` per node, ``alpha`` the fraction
+of rows one worker touches per step, ``alpha_node`` the fraction a node's
+workers touch together (default ``1 - (1 - alpha) ** g``; Zipf access
+shares hot rows, so a measured value is smaller and better).
+Nothing here is collective.
 """
 
 from __future__ import annotations
@@ -43,6 +37,7 @@ import numpy as np
 
 __all__ = [
     "VarSpec",
+    "predict_detail",
     "ClusterShape",
     "CostParams",
     "PREDICT_METHODS",
@@ -77,6 +72,7 @@ class VarSpec:
         alpha: fraction of rows one worker touches per step (1 for dense).
         alpha_node: fraction touched by a node's workers together, or
             ``None`` to derive it with :func:`default_alpha_node`.
+        duplicate_ratio: ids per distinct id in a worker's batch (>= 1).
     """
 
     name: str
@@ -85,6 +81,7 @@ class VarSpec:
     dtype: str = "float32"
     alpha: float = 1.0
     alpha_node: float | None = None
+    duplicate_ratio: float = 1.0
 
     def __post_init__(self):
         if self.kind not in ("dense", "sparse"):
@@ -100,8 +97,10 @@ class VarSpec:
         if isinstance(spec, cls):
             return spec
         if isinstance(spec, Mapping):
-            keys = ("name", "kind", "shape", "dtype", "alpha", "alpha_node")
+            keys = ("name", "kind", "shape", "dtype", "alpha", "alpha_node", "duplicate_ratio")
             fields = {k: spec[k] for k in keys if k in spec}
+            if fields.get("duplicate_ratio") is None:
+                fields.pop("duplicate_ratio", None)
             if fields.get("alpha") is None:
                 fields.pop("alpha", None)  # dense variables carry no alpha
             return cls(**fields)
@@ -179,119 +178,143 @@ class ClusterShape:
 class CostParams:
     """Constants of the model that are not link properties.
 
+    Kernel rates are ``(call_s, unit_s)`` pairs: a fixed cost per call plus
+    a cost per unit (ids for ``unique``, bytes for the others), as
+    :func:`hpcpax.plan.kernel_rates.measure_kernel_rates` measures them.
+    ``None`` leaves a kernel out (costs nothing). :meth:`measured` times
+    them on this machine.
+
     Args:
-        partition_overhead_s: fixed seconds per partition per phase (packing
-            and issuing one request per partition).
-        server_apply_Bps: bytes of rows per second a server gathers or
-            applies (host memory bound).
+        partition_overhead_s: fixed seconds per partition a server owns, per
+            phase (a framework that runs one operation per partition, like
+            TensorFlow under Parallax, pays it; hpcpax runs one kernel per
+            variable, so measured hpcpax parameters leave it at 0).
+        server_apply_Bps: bytes of rows per second a server applies (and
+            gathers, unless ``server_gather_Bps``) when no ``apply``
+            /``gather`` rate is given: a preset's host-memory figure.
+        server_gather_Bps: bytes per second of a server's gathers.
+        server_lanes: partitions one server processes at the same time
+            (cores working on separate partitions; hpcpax: 1).
+        kernels: ``{kernel: {"call_s", "unit_s"}}`` measured rates.
         ps_batch: PS variables that share each exchange. hpcpax moves every
-            PS table of a phase in one exchange
-            (:meth:`~hpcpax.ps.server.ParameterServer.push_many`), so each of them
-            pays ``1 / ps_batch`` of the message latencies. ``None`` (the
-            default) lets :func:`hpcpax.plan.make_plan` use the number
+            PS table of a phase in one exchange, so each of them pays
+            ``1 / ps_batch`` of the headers' and counts' latencies. ``None``
+            (the default) lets :func:`hpcpax.plan.make_plan` use the number
             of sparse variables of the plan; 1 for a lone variable.
+        overlap_dense: fraction of the backward pass the dense allreduce may
+            hide behind (0 for hpcpax's trainer, whose allreduce is blocking
+            and runs after the backward pass).
+        backward_fraction: share of the compute time that is the backward
+            pass (used with ``overlap_dense``).
+        handoff: ``{"handoff_s", "handoff_per_work"}``: each stage of local
+            work of ``w`` seconds also costs ``handoff_s + handoff_per_work
+            * w`` before the next collective can run (measured by
+            :func:`hpcpax.plan.calibrate.measure_handoff`; 0 when None).
+        software: ``{operation: {"call_s", "per_variable_s"}}``: hpcpax's
+            host overhead per batched operation (``ps_pull``, ``ps_push``,
+            ``allgather_push``, ``dense_allreduce``), from
+            :func:`hpcpax.plan.calibrate.measure_software`. It includes the
+            kernels' fixed cost per call, so with it :meth:`kernel` counts
+            only their per-unit cost.
+        source: where the numbers come from (printed with predictions).
     """
 
-    partition_overhead_s: float = 20e-6
-    server_apply_Bps: float = 10e9
+    partition_overhead_s: float = 0.0
+    server_apply_Bps: float | None = None
+    server_gather_Bps: float | None = None
+    server_lanes: int = 1
+    kernels: dict | None = None
     ps_batch: int | None = None
+    overlap_dense: float = 0.0
+    backward_fraction: float = 2.0 / 3.0
+    handoff: dict | None = None
+    software: dict | None = None
+    source: str = ""
+
+    @classmethod
+    def measured(cls, dim: int = 64, dtype: str = "float32", **overrides) -> "CostParams":
+        """Kernel rates timed now on this machine (cached per process); not collective."""
+        from .kernel_rates import measure_kernel_rates
+
+        return cls(kernels=measure_kernel_rates(dim, dtype), source="kernels timed here",
+                   **overrides)
+
+    def _rate(self, name, fallback_Bps=None):
+        if self.kernels and name in self.kernels:
+            entry = self.kernels[name]
+            return float(entry["call_s"]), float(entry["unit_s"])
+        if fallback_Bps:
+            return 0.0, 1.0 / float(fallback_Bps)
+        return 0.0, 0.0
+
+    def overhead(self, operation: str, variables: int) -> float:
+        """hpcpax's host seconds for one ``operation`` carrying ``variables`` variables."""
+        if not self.software or operation not in self.software or variables <= 0:
+            return 0.0
+        entry = self.software[operation]
+        return float(entry["call_s"]) + float(entry["per_variable_s"]) * variables
+
+    def kernel(self, name: str, units):
+        """Seconds of kernel ``name`` on ``units`` (scalar or array; 0 units cost 0)."""
+        fallback = {"apply": self.server_apply_Bps,
+                    "gather": self.server_gather_Bps or self.server_apply_Bps,
+                    "dedup": self.server_apply_Bps}.get(name)
+        call, per = self._rate(name, fallback)
+        if self.software:
+            call = 0.0  # inside the measured per-operation overhead
+        units = np.asarray(units, np.float64)
+        out = np.where(units > 0, call + units * per, 0.0)
+        return float(out) if out.ndim == 0 else out
 
     def to_dict(self) -> dict:
         return {"partition_overhead_s": self.partition_overhead_s,
-                "server_apply_Bps": self.server_apply_Bps, "ps_batch": self.ps_batch}
+                "server_apply_Bps": self.server_apply_Bps,
+                "server_gather_Bps": self.server_gather_Bps, "server_lanes": self.server_lanes,
+                "kernels": self.kernels, "ps_batch": self.ps_batch,
+                "overlap_dense": self.overlap_dense, "backward_fraction": self.backward_fraction,
+                "handoff": self.handoff, "software": self.software, "source": self.source}
 
 
-@dataclass(frozen=True)
-class _Links:
-    intra_latency: float
-    intra_bandwidth: float
-    inter_latency: float
-    inter_bandwidth: float
-    bucket_bytes: int
+def _routing(var: VarSpec, method: str, layout, partitions: int, local_aggregation: bool):
+    from .traffic import expected_routing
+
+    row_bytes = var.dim * var.itemsize
+    kind = method if method in ("allgather", "allreduce") else "ps"
+    g = layout.workers_per_node()
+    return expected_routing(layout, kind, var.rows, row_bytes, var.worker_alpha(),
+                            alpha_node=var.node_alpha(g) if var.kind == "sparse" else 1.0,
+                            duplicate_ratio=var.duplicate_ratio if var.kind == "sparse" else 1.0,
+                            partitions=partitions, local_aggregation=local_aggregation)
 
 
-def _links(fabric) -> _Links:
-    """Read the link numbers from a ``hpcpax.comm.fabric.Fabric`` or its ``to_dict()``."""
-    if isinstance(fabric, Mapping):
-        def link(name):
-            part = fabric[name]
-            return float(part["latency_s"]), float(part["bandwidth_Bps"])
+def predict_detail(var_spec, method: str, topology, fabric, partitions: int | None = None,
+                   local_aggregation: bool = True, params: CostParams | None = None):
+    """:func:`predict` with its breakdown: a :class:`~hpcpax.plan.step_model.StepPrediction`."""
+    from .collectives import Links
+    from .step_model import predict_step
+    from .traffic import Layout
 
-        bucket = fabric.get("allreduce_bucket_bytes", 64 << 20)
-        (il, ib), (xl, xb) = link("intra"), link("inter")
-    else:
-        il, ib = float(fabric.intra.latency_s), float(fabric.intra.bandwidth_Bps)
-        xl, xb = float(fabric.inter.latency_s), float(fabric.inter.bandwidth_Bps)
-        bucket = getattr(fabric, "allreduce_bucket_bytes", 64 << 20)
-    if min(ib, xb) <= 0:
-        raise ValueError(f"fabric bandwidths must be > 0, not intra={ib}, inter={xb}")
-    return _Links(il, ib, xl, xb, max(1, int(bucket)))
-
-
-def _ring_allreduce(nbytes, ranks, latency, bandwidth, buckets):
-    if ranks <= 1 or nbytes <= 0:
-        return 0.0
-    return 2.0 * (ranks - 1) / ranks * nbytes / bandwidth + 2.0 * (ranks - 1) * latency * buckets
-
-
-def _allreduce(nbytes, shape: ClusterShape, links: _Links) -> float:
-    n, nodes, g = shape.workers, shape.num_nodes, shape.workers_per_node
-    buckets = max(1, math.ceil(nbytes / links.bucket_bytes))
-    if nodes == 1:
-        return _ring_allreduce(nbytes, n, links.intra_latency, links.intra_bandwidth, buckets)
-    flat = _ring_allreduce(nbytes, n, max(links.intra_latency, links.inter_latency),
-                           min(links.intra_bandwidth, links.inter_bandwidth), buckets)
-    if g == 1:
-        return flat
-    # hierarchical: the g inter-node rings of nbytes/g each share the node's NIC
-    hierarchical = (_ring_allreduce(nbytes, g, links.intra_latency, links.intra_bandwidth, buckets)
-                    + _ring_allreduce(nbytes, nodes, links.inter_latency, links.inter_bandwidth, buckets))
-    return min(flat, hierarchical)
-
-
-def _allgather(var: VarSpec, shape: ClusterShape, links: _Links) -> float:
-    n = shape.workers
-    if n <= 1:
-        return 0.0
-    per_worker = var.worker_alpha() * var.rows * (var.dim * var.itemsize + INDEX_BYTES)
-    if shape.num_nodes == 1:
-        latency, bandwidth = links.intra_latency, links.intra_bandwidth
-    else:
-        latency = max(links.intra_latency, links.inter_latency)
-        bandwidth = min(links.intra_bandwidth, links.inter_bandwidth)
-    return (n - 1) * per_worker / bandwidth + (n - 1) * latency
-
-
-def _ps(var: VarSpec, shape: ClusterShape, links: _Links, partitions: int,
-        local_aggregation: bool, params: CostParams) -> float:
-    nodes, g, servers = shape.num_nodes, shape.workers_per_node, shape.servers
-    row = var.dim * var.itemsize + (INDEX_BYTES if var.kind == "sparse" else 0)
-    aggregate = local_aggregation and g > 1
-    senders_per_node = 1 if aggregate else g
-    alpha_sender = var.node_alpha(g) if aggregate else var.worker_alpha()
-    per_sender = alpha_sender * var.rows * row
-    total = per_sender * senders_per_node * nodes
-
-    busiest_server_fraction = math.ceil(partitions / servers) / partitions
-    servers_per_nic = servers / nodes
-    if nodes == 1:
-        latency, nic_bandwidth, off_node = links.intra_latency, links.intra_bandwidth, 1.0
-    else:
-        latency, nic_bandwidth, off_node = links.inter_latency, links.inter_bandwidth, (nodes - 1) / nodes
-    client_nic = per_sender * senders_per_node * off_node / nic_bandwidth
-    server_nic = total * min(1.0, busiest_server_fraction * servers_per_nic) * off_node / nic_bandwidth
-    client_messages = partitions * senders_per_node
-    server_messages = nodes * senders_per_node * math.ceil(partitions / servers)
-    share = 1.0 / max(1, int(params.ps_batch or 1))  # latencies shared by the batched tables
-    phase = (max(client_nic, server_nic) + max(client_messages, server_messages) * latency * share
-             + partitions * params.partition_overhead_s)
-    gather_and_apply = 2.0 * total * busiest_server_fraction / params.server_apply_Bps
-    seconds = 2.0 * phase + gather_and_apply
-    if aggregate:
-        per_worker = var.worker_alpha() * var.rows * row
-        seconds += 2.0 * ((g - 1) / g * per_worker / links.intra_bandwidth
-                          + (g - 1) * links.intra_latency * share)
-    return seconds
+    var = VarSpec.from_any(var_spec)
+    shape = ClusterShape.from_any(topology)
+    links = Links.from_fabric(fabric)
+    params = params or CostParams.measured()
+    layout = Layout.from_shape(shape.num_nodes, shape.workers_per_node, shape.servers_per_node)
+    if method == "allreduce" and var.kind == "dense":
+        return predict_step(layout, links, params, {}, dense_bytes=[var.nbytes],
+                            include_control=False)
+    if method == "allgather" and var.kind == "dense":
+        raise ValueError(f"method 'allgather' needs a sparse variable, not dense {var.name!r}")
+    if method in ("ps", "ps_no_local_aggregation"):
+        if partitions is None:
+            partitions = shape.servers
+        if int(partitions) < 1:
+            raise ValueError(f"partitions must be >= 1, not {partitions}")
+        local_aggregation = local_aggregation and method == "ps"
+    elif method not in ("allreduce", "allgather"):
+        raise ValueError(f"method must be one of {PREDICT_METHODS}, not {method!r}")
+    routing = _routing(var, method, layout, int(partitions or 1), local_aggregation)
+    return predict_step(layout, links, params, {var.name: routing}, include_control=False,
+                        ps_batch=params.ps_batch or 1)
 
 
 def predict(var_spec, method: str, topology, fabric, partitions: int | None = None,
@@ -304,31 +327,16 @@ def predict(var_spec, method: str, topology, fabric, partitions: int | None = No
             ``"ps_no_local_aggregation"``.
         topology: :class:`ClusterShape`, dict, or object with ``num_nodes``,
             ``workers_per_node``, ``servers_per_node``.
-        fabric: ``hpcpax.comm.fabric.Fabric`` or its ``to_dict()``.
+        fabric: ``hpcpax.comm.fabric.Fabric``, its ``to_dict()`` or
+            :class:`~hpcpax.plan.collectives.Links`.
         partitions: partitions for ``ps`` (default: number of servers).
         local_aggregation: for ``ps``, aggregate inside a node first (only
             meaningful with several workers per node).
-        params: model constants (:class:`CostParams`).
+        params: model constants (:class:`CostParams`; default: kernel rates
+            timed on this machine, :meth:`CostParams.measured`).
     """
-    var = VarSpec.from_any(var_spec)
-    shape = ClusterShape.from_any(topology)
-    links = _links(fabric)
-    params = params or CostParams()
-    if method == "allreduce":
-        return _allreduce(var.nbytes, shape, links)
-    if method == "allgather":
-        if var.kind == "dense":
-            raise ValueError(f"method 'allgather' needs a sparse variable, not dense {var.name!r}")
-        return _allgather(var, shape, links)
-    if method in ("ps", "ps_no_local_aggregation"):
-        if partitions is None:
-            partitions = shape.servers
-        if int(partitions) < 1:
-            raise ValueError(f"partitions must be >= 1, not {partitions}")
-        if method == "ps_no_local_aggregation":
-            local_aggregation = False
-        return _ps(var, shape, links, int(partitions), local_aggregation, params)
-    raise ValueError(f"method must be one of {PREDICT_METHODS}, not {method!r}")
+    return predict_detail(var_spec, method, topology, fabric, partitions, local_aggregation,
+                          params).seconds
 
 
 def predict_all(var_spec, topology, fabric, partitions: int | None = None,
@@ -352,21 +360,31 @@ def predict_all(var_spec, topology, fabric, partitions: int | None = None,
 
 
 def choose(var_spec, topology, fabric, partitions: int | None = None,
-           params: CostParams | None = None):
+           params: CostParams | None = None, correction=None):
     """The fastest method for one variable under the model.
 
-    Candidates are ``allreduce``, ``allgather`` (sparse only) and ``ps``
-    (with local aggregation when a node has several workers, as Parallax
-    does). Ties go to the earlier candidate in that order.
+    Candidates are ``allreduce``, and for a sparse variable ``allgather``
+    and ``ps`` (with local aggregation when a node has several workers, as
+    Parallax does); a dense variable stays on ``allreduce``. Ties go to the earlier candidate in that order. ``correction``
+    (a :class:`~hpcpax.plan.learned.Correction`) rescales each prediction
+    by mechanism when given.
 
     Returns:
         ``(method, times, reason)``: the method name, ``{method: seconds}``
-        from :func:`predict_all`, and one line saying why.
+        from :func:`predict_all` (corrected when a correction is given), and
+        one line saying why.
     """
     var = VarSpec.from_any(var_spec)
     shape = ClusterShape.from_any(topology)
-    times = predict_all(var, shape, fabric, partitions=partitions, params=params)
-    candidates = [m for m in ("allreduce", "allgather", "ps") if m in times]
+    if correction is None:
+        times = predict_all(var, shape, fabric, partitions=partitions, params=params)
+    else:
+        methods = ["allreduce"] + (["allgather", "ps"] if var.kind == "sparse" else [])
+        times = {m: correction.apply(predict_detail(var, m, shape, fabric, partitions,
+                                                    params=params)) for m in methods}
+    # hpcpax keeps dense variables replicated (its servers hold sparse tables)
+    candidates = [m for m in ("allreduce", "allgather", "ps") if m in times
+                  and (var.kind == "sparse" or m == "allreduce")]
     method = min(candidates, key=lambda m: (times[m], candidates.index(m)))
     others = [m for m in candidates if m != method]
     if not others:

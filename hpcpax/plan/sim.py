@@ -8,7 +8,7 @@ Usage::
         [--json]
 
 ``--model`` and ``--cluster`` take a preset name (files in
-``hpcpax/planner/presets/``) or a path to a JSON file of the same form.
+``hpcpax/plan/presets/``) or a path to a JSON file of the same form.
 Strategies, all priced by :mod:`hpcpax.plan.cost_model`:
 
 * ``allreduce``: every variable allreduced, sparse ones densified.
@@ -22,8 +22,14 @@ Strategies, all priced by :mod:`hpcpax.plan.cost_model`:
   allreduced.
 * ``auto``: per variable, the cost model's fastest method.
 
-Step time = compute + the sum of the variables' communication times (no
-overlap assumed); throughput = samples per worker x workers / step time.
+Each strategy's step is priced by the same step model as the trainer's
+(:func:`hpcpax.plan.step_model.predict_step`: compute, then the batched
+exchanges of every variable, each phase after the other unless the preset
+says the framework overlaps the dense allreduce with the backward pass);
+throughput = samples per worker x workers / step time. Beside it the
+report names the bottleneck resource of each strategy (the link, the
+node NIC, the servers' CPU, the latency or the kernels that take the most
+of the step) at this scale and at 1, 2, 4, ... nodes.
 """
 
 from __future__ import annotations
@@ -41,7 +47,9 @@ import numpy as np
 from ..errors import ConfigError
 from ..comm.fabric import Fabric, LinkModel
 from .auto import make_plan
-from .cost_model import ClusterShape, CostParams, VarSpec, predict
+from .cost_model import ClusterShape, CostParams, VarSpec
+from .step_model import predict_step
+from .traffic import Layout, expected_routing
 from .measure import (
     draws_for_unique,
     expected_touched_fraction,
@@ -137,36 +145,66 @@ def cluster_fabric(cluster: dict) -> Fabric:
                   allreduce_bucket_bytes=int(cluster.get("allreduce_bucket_bytes", 64 << 20)))
 
 
-def _strategy_times(specs, strategy, shape, fabric, params, partitions):
-    """``{variable: (method, seconds)}`` under one strategy."""
-    if strategy in ("allreduce", "ps", "hybrid", "auto"):
-        plan = make_plan(specs, strategy, shape, fabric, partitions=partitions, params=params)
-        return {name: (v.method + ("+agg" if v.local_aggregation else ""), v.predicted_s)
-                for name, v in plan.variables.items()}
+#: Dense variables held on servers (``ps_all``) travel as blocks of this many bytes.
+DENSE_BLOCK_BYTES = 4096
+
+
+def _methods(specs, strategy, shape, fabric, params, partitions):
+    """``{variable: (method, local aggregation)}`` under one strategy."""
+    several = shape.workers_per_node > 1
+    if strategy == "auto":
+        plan = make_plan(specs, "auto", shape, fabric, partitions=partitions, params=params)
+        return {n: (v.method, v.local_aggregation) for n, v in plan.variables.items()}
     out = {}
-    if params.ps_batch is None:  # ps_all: every variable on the servers, in one batch
-        params = dataclasses.replace(params, ps_batch=len(specs))
     for spec in specs:
-        if strategy == "horovod":
-            method = "allgather" if spec.kind == "sparse" else "allreduce"
-        else:  # ps_all
-            method = "ps_no_local_aggregation"
-        seconds = predict(spec, method, shape, fabric, partitions=partitions, params=params)
-        out[spec.name] = ("ps" if method.startswith("ps") else method, seconds)
+        sparse = spec.kind == "sparse"
+        out[spec.name] = {
+            "allreduce": ("allreduce", False),
+            "horovod": ("allgather", False) if sparse else ("allreduce", False),
+            "ps": ("ps", False) if sparse else ("allreduce", False),
+            "ps_all": ("ps", False),
+            "hybrid": ("ps", several) if sparse else ("allreduce", False),
+        }[strategy]
     return out
 
 
+def strategy_step(specs, methods, shape, fabric, params, partitions=None, compute_s=0.0):
+    """:class:`~hpcpax.plan.step_model.StepPrediction` of one step with ``methods``."""
+    layout = Layout.from_shape(shape.num_nodes, shape.workers_per_node, shape.servers_per_node)
+    parts = partitions or max(1, shape.servers)
+    routings, dense = {}, []
+    for spec in specs:
+        method, local = methods[spec.name]
+        if spec.kind == "dense" and method == "allreduce":
+            dense.append(spec.nbytes)
+            continue
+        if spec.kind == "dense":  # whole tensor, as blocks
+            rows, row_bytes, alpha, node = math.ceil(spec.nbytes / DENSE_BLOCK_BYTES), \
+                DENSE_BLOCK_BYTES, 1.0, 1.0
+        else:
+            rows, row_bytes = spec.rows, spec.dim * spec.itemsize
+            alpha, node = spec.alpha, spec.node_alpha(shape.workers_per_node)
+        kind = method
+        routings[spec.name] = expected_routing(layout, kind, rows, row_bytes, alpha, node,
+                                               spec.duplicate_ratio, partitions=parts,
+                                               local_aggregation=local)
+    return predict_step(layout, fabric, params, routings, dense, compute_s=compute_s,
+                        include_control=False)
+
+
 def simulate(model: dict, cluster: dict, partitions: int | None = None) -> dict:
-    """Predicted times of every strategy for ``model`` on ``cluster``.
+    """Predicted step of every strategy for ``model`` on ``cluster``.
 
     Returns:
         ``{"workers": n, "alpha": {...}, "strategies": {name: {"comm_s",
-        "step_s", "samples_per_s", "variables": {var: [method, s]}}}}``.
+        "step_s", "samples_per_s", "bottleneck", "resources",
+        "variables": {var: method}}}}``.
     """
     shape = ClusterShape(int(cluster["num_nodes"]), int(cluster["gpus_per_node"]),
                          int(cluster.get("servers_per_node", 0)))
     fabric = cluster_fabric(cluster)
-    params = CostParams(**cluster.get("cost", {}))
+    cost = {k: v for k, v in cluster.get("cost", {}).items() if not k.endswith("_note")}
+    params = CostParams(**cost, source=cluster.get("name", "cluster preset"))
     specs = variable_specs(model, shape.workers_per_node)
     compute_s = float(model.get("compute_ms", 0.0)) / 1e3
     samples_per_step = int(model.get("samples_per_worker", 1)) * shape.workers
@@ -177,17 +215,32 @@ def simulate(model: dict, cluster: dict, partitions: int | None = None) -> dict:
         "alpha": {s.name: [s.alpha, s.node_alpha(shape.workers_per_node)] for s in specs if s.kind == "sparse"},
         "strategies": {},
     }
+    batch = dataclasses.replace(params, ps_batch=params.ps_batch or max(
+        1, sum(1 for s in specs if s.kind == "sparse")))
     for strategy in STRATEGIES:
-        times = _strategy_times(specs, strategy, shape, fabric, params, partitions)
-        comm = float(sum(seconds for _, seconds in times.values()))
-        step = compute_s + comm
+        methods = _methods(specs, strategy, shape, fabric, batch, partitions)
+        step = strategy_step(specs, methods, shape, fabric, params, partitions, compute_s)
+        resources = {k: v for k, v in step.resources.items() if k != "compute"}
         result["strategies"][strategy] = {
-            "comm_s": comm,
-            "step_s": step,
-            "samples_per_s": samples_per_step / step if step > 0 else math.inf,
-            "variables": {name: [method, seconds] for name, (method, seconds) in times.items()},
+            "comm_s": step.seconds - compute_s,
+            "step_s": step.seconds,
+            "samples_per_s": samples_per_step / step.seconds if step.seconds > 0 else math.inf,
+            "bottleneck": max(resources, key=resources.get) if resources else "compute",
+            "resources": step.resources,
+            "variables": {name: m + ("+agg" if local else "") for name, (m, local) in
+                          methods.items()},
         }
     return result
+
+
+def scaling(model: dict, cluster: dict, partitions: int | None = None) -> dict:
+    """``{nodes: {strategy: (samples/s, bottleneck)}}`` for 1, 2, 4, ... nodes."""
+    out = {}
+    for nodes in _node_counts(int(cluster["num_nodes"])):
+        result = simulate(model, dict(cluster, num_nodes=nodes), partitions)
+        out[nodes] = {name: (s["samples_per_s"], s["bottleneck"])
+                      for name, s in result["strategies"].items()}
+    return out
 
 
 def _table(header, rows, numeric=()):
@@ -200,7 +253,7 @@ def _table(header, rows, numeric=()):
     return "\n".join([line(header), "  ".join("-" * w for w in widths)] + [line(r) for r in rows])
 
 
-def format_report(model: dict, cluster: dict, result: dict) -> str:
+def format_report(model: dict, cluster: dict, result: dict, scale: dict | None = None) -> str:
     topo = result["topology"]
     lines = [
         f"model {model.get('name', '?')} on {topo['num_nodes']} nodes x {topo['workers_per_node']} GPUs "
@@ -212,22 +265,28 @@ def format_report(model: dict, cluster: dict, result: dict) -> str:
     strategies = result["strategies"]
     base = strategies["allreduce"]["samples_per_s"]
     rows = [[name, STRATEGIES[name], f"{s['comm_s'] * 1e3:.2f}", f"{s['step_s'] * 1e3:.2f}",
-             f"{s['samples_per_s']:.0f}", f"{s['samples_per_s'] / base:.2f}x"]
+             f"{s['samples_per_s']:.0f}", f"{s['samples_per_s'] / base:.2f}x", s["bottleneck"]]
             for name, s in strategies.items()]
-    lines.append(_table(["strategy", "what", "comm ms", "step ms", "samples/s", "vs allreduce"], rows,
-                        numeric={2, 3, 4, 5}))
+    lines.append(_table(["strategy", "what", "comm ms", "step ms", "samples/s", "vs allreduce",
+                         "bottleneck"], rows, numeric={2, 3, 4, 5}))
     lines.append("")
     names = list(next(iter(strategies.values()))["variables"])
-    rows = [[var] + [f"{strategies[s]['variables'][var][1] * 1e3:.2f} {strategies[s]['variables'][var][0]}"
-                     for s in strategies] for var in names]
-    lines.append("per variable, ms/step and method:")
+    rows = [[var] + [strategies[s]["variables"][var] for s in strategies] for var in names]
+    lines.append("method of each variable:")
     lines.append(_table(["variable"] + list(strategies), rows))
+    if scale:
+        lines.append("")
+        lines.append("samples/s (bottleneck) by number of nodes:")
+        rows = [[name] + [f"{scale[n][name][0]:.0f} ({scale[n][name][1]})" for n in scale]
+                for name in strategies]
+        lines.append(_table(["strategy"] + [f"{n} nodes" for n in scale], rows))
     hybrid = strategies["hybrid"]["samples_per_s"]
     lines.append("")
     lines.append(f"predicted speedup of hybrid (Parallax) over allreduce-only: {hybrid / base:.2f}x, "
                  f"over horovod (allgather): {hybrid / strategies['horovod']['samples_per_s']:.2f}x, "
                  f"over ps_all: {hybrid / strategies['ps_all']['samples_per_s']:.2f}x")
-    lines.append("(Parallax paper reports up to 2.8x over Horovod for LM at 48 GPUs; printed for comparison only)")
+    lines.append("(Parallax's abstract reports up to 2.8x over TensorFlow and 6.02x over Horovod for "
+                 "NLP models with 48 GPUs; printed for comparison only)")
     return "\n".join(lines)
 
 
@@ -308,7 +367,7 @@ def main(argv=None) -> int:
     if args.json:
         print(json.dumps({"model": model.get("name"), "cluster": cluster.get("name"), **result}))
     else:
-        print(format_report(model, cluster, result))
+        print(format_report(model, cluster, result, scaling(model, cluster, args.partitions)))
     if args.png:
         write_png(model, cluster, args.png, args.partitions)
         if not args.json:

@@ -64,3 +64,29 @@ def test_lm1b_on_parallax_cluster_hybrid_beats_allreduce_and_allgather(capsys):
     s = result["strategies"]
     assert s["hybrid"]["samples_per_s"] > s["horovod"]["samples_per_s"] > s["allreduce"]["samples_per_s"]
     assert "48 workers" in out
+
+
+def test_report_names_bottlenecks_scaling_and_quotes_the_paper(capsys):
+    assert sim.main(["--model", "lm1b", "--cluster", "parallax_8x6", "--nodes", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "bottleneck" in out and "by number of nodes" in out and "1 nodes" in out
+    assert "2.8x over TensorFlow and 6.02x over Horovod" in out
+    result = sim.simulate(sim.load_preset("lm1b"), dict(sim.load_preset("parallax_8x6"), num_nodes=2))
+    known = {"compute", "latency", "intra link", "inter link", "node NIC", "server CPU",
+             "client kernels"}
+    assert all(s["bottleneck"] in known for s in result["strategies"].values())
+
+
+def test_allgather_scales_worse_than_the_parameter_server():
+    """Allgathered bytes per worker grow with the workers; the PS's do not."""
+    scale = sim.scaling(sim.load_preset("lm1b"), sim.load_preset("parallax_8x6"))
+    gain = {name: scale[8][name][0] / scale[1][name][0] for name in ("horovod", "hybrid")}
+    assert gain["horovod"] < gain["hybrid"]
+
+
+def test_partitions_beyond_the_servers_parallelize_server_work():
+    model, cluster = sim.load_preset("lm1b"), sim.load_preset("parallax_8x6")
+    at = {p: sim.simulate(model, cluster, partitions=p)["strategies"]["hybrid"]
+          for p in (2, 8, 64)}
+    assert at[2]["samples_per_s"] < at[8]["samples_per_s"] < at[64]["samples_per_s"]
+    assert at[64]["resources"]["server CPU"] < at[8]["resources"]["server CPU"] / 4

@@ -1,0 +1,401 @@
+"""Does the cost model predict what the trainer then does? Bytes, times, choices.
+
+For each layout (2-6 ranks, virtual nodes, 0-2 servers) and each round,
+the job first measures the model's constants under the same load as the
+round's runs (:func:`hpcpax.plan.calibrate.calibrate`: fabric,
+``Allreduce``, kernel rates, hand-off, hpcpax's host overhead, with every
+rank busy; the models' compute per step with every worker computing at
+once). Then it trains each model (``lm``, ``ctr``) at two
+sparsity levels with each method (``ps`` with and without local
+aggregation, ``ps`` with 16 partitions, ``allgather``, ``dense``),
+interleaved over ``--rounds`` rounds, and compares:
+
+* bytes: the model's routing of each step's real ids
+  (:func:`hpcpax.plan.traffic.routing_from_ids`) against the accounting's
+  bytes per step, phase and direction (``bytes_exact``);
+* time: the step model's prediction (median over rounds, each with its own
+  calibration) against the median measured step (``time_median_abs_error``,
+  ``time_worst_abs_error``: relative errors);
+* ranking: Spearman correlation of predicted and measured method times per
+  (layout, model, sparsity) group (``spearman_min``), and how often the
+  predicted best is within 10 % of the measured best (``choice_within_10pct``).
+
+Every run is appended to the run log (source ``cost_model_check``), and the
+learned correction is checked for transfer: fitted on the ``lm`` runs of
+this check, it predicts the ``ctr`` runs and the reverse
+(``transfer_error_analytic`` / ``transfer_error_learned``: median relative
+errors without / with it). Nothing is fitted to the measured step times
+except that correction.
+
+Usage: ``python benchmarks/cost_model_check.py [--quick] [--rounds 3]``
+(it starts its own ``mpirun`` jobs). On a 2-core machine layouts with more
+than 2 ranks oversubscribe the cores; the constants are measured under that
+oversubscription. One JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+#: (ranks, ranks per virtual node, servers per node)
+LAYOUTS = [(2, 2, 0), (3, 3, 1), (4, 2, 1), (4, 2, 0), (6, 3, 1), (6, 2, 0)]
+QUICK_LAYOUTS = [(3, 3, 1), (4, 2, 0)]
+CONFIGS = {
+    "lm-dense": {"model": "lm", "vocab_size": 2_000, "emb_dim": 32, "hidden": [64],
+                 "out_dim": 32, "num_sampled": 64, "global_batch": 240},
+    "lm-sparse": {"model": "lm", "vocab_size": 100_000, "emb_dim": 32, "hidden": [64],
+                  "out_dim": 32, "num_sampled": 64, "global_batch": 240},
+    "ctr-dense": {"model": "ctr", "n_fields": 8, "table_rows": 1_000, "emb_dim": 16,
+                  "global_batch": 240},
+    "ctr-sparse": {"model": "ctr", "n_fields": 8, "table_rows": 50_000, "emb_dim": 16,
+                   "global_batch": 240},
+}
+METHODS = {
+    "ps": {"plan": "ps", "local_aggregation": True},
+    "ps-no-aggregation": {"plan": "ps", "local_aggregation": False},
+    "ps-16-partitions": {"plan": "ps", "local_aggregation": True, "partitions": 16},
+    "allgather": {"plan": "allgather"},
+    "allreduce": {"plan": "allreduce"},
+}
+BYTE_FIELDS = ("sent", "recv", "sent_inter")
+ROW_FIELDS = {"sent": 0, "recv": 1, "sent_inter": 2}
+
+
+# ----------------------------------------------------------------------------- job side
+def _plan_for(trainer_names, method):
+    if "partitions" not in method:
+        return None
+    return {name: {"method": "ps", "partitions": method["partitions"]} for name in trainer_names}
+
+
+def _calibrate_compute(topo, config):
+    """Data and forward/backward seconds per step, every worker at once."""
+    from hpcpax.app.trainer import Trainer
+    from hpcpax.plan.calibrate import time_workers
+
+    from hpcpax.app.datasets import build_model, open_data
+
+    probe = Trainer({**config, "quiet": True})  # resolves the config
+    model = build_model(probe.config)
+    reader = open_data(model, probe.config)[0]
+    dense = model.init_dense()
+    rng = np.random.default_rng(0)
+    n, index = topo.num_workers, max(0, topo.worker_index)
+    specs = {s.name: s for s in model.sparse_specs()}
+    state = {"position": 0}
+
+    def data():
+        state["position"] += 1
+        batch = reader.batch(state["position"], config["global_batch"], index, n)
+        return batch, model.sparse_ids(batch, state["position"])
+
+    batch, ids = data()
+    position = state["position"]
+    rows = {}
+    for name, values in ids.items():
+        unique = np.unique(values)
+        rows[name] = (unique, rng.standard_normal((unique.size, specs[name].dim)).astype(
+            np.float32) * 0.01)
+    data_s = time_workers(topo, data, repeats=15)
+    compute_s = time_workers(topo, lambda: model.forward_backward(dense, rows, batch, position),
+                             repeats=15)
+    return data_s, compute_s
+
+
+def _aggregation_on(trainer, var):
+    """The PS's local-aggregation setting of ``var`` (its communicators are freed by now)."""
+    enabled = var.local_aggregation
+    return bool(trainer.ps.local_aggregation if enabled is None else enabled)
+
+
+def _replay(trainer, steps):
+    """Each timed step's routing of every sparse variable, from the real ids."""
+    from hpcpax.plan.traffic import Layout, routing_from_ids
+
+    layout = Layout.from_topology(trainer.topology.describe())
+    n, batch = len(layout.worker_ranks), trainer.config["global_batch"]
+    out = []
+    for step in steps:
+        position = step - 1
+        ids = [trainer.model.sparse_ids(trainer.reader.batch(position, batch, w, n), position)
+               for w in range(n)]
+        routings = {}
+        for name, sync in trainer.sync.variables.items():
+            spec = sync.spec
+            row_bytes = spec.dim * np.dtype(spec.dtype).itemsize
+            per_worker = [np.asarray(i[name]) for i in ids]
+            if sync.method == "ps":
+                var = trainer.ps.variables[name]
+                routings[name] = routing_from_ids(
+                    layout, "ps", spec.rows, row_bytes, per_worker,
+                    partitions=var.layout.num_partitions, owners=list(var.layout.owners),
+                    local_aggregation=_aggregation_on(trainer, var))
+            else:
+                routings[name] = routing_from_ids(layout, sync.method, spec.rows, row_bytes,
+                                                  per_worker)
+        out.append(routings)
+    return layout, out
+
+
+def _one_run(comm, config, method, steps, warmup, workdir, calibration, compute, check_bytes):
+    from hpcpax.app.trainer import Trainer
+    from hpcpax.plan.collectives import Links
+    from hpcpax.plan.cost_model import CostParams
+    from hpcpax.plan.step_model import predict_step
+    from hpcpax.plan.traffic import step_bytes
+
+    run_dir = comm.bcast(tempfile.mkdtemp(dir=workdir) if comm.Get_rank() == 0 else None)
+    names = None
+    settings = {**config, **{k: v for k, v in method.items() if k != "partitions"},
+                "steps": steps, "run_dir": run_dir, "quiet": True}
+    from hpcpax.app.datasets import build_model
+
+    names = [s.name for s in build_model(Trainer(settings).config).sparse_specs()]
+    trainer = Trainer(settings, comm=comm, plan=_plan_for(names, method))
+    trainer.run()
+    leader = trainer.topology.worker_ranks[0]
+    result = None
+    if comm.Get_rank() == leader:
+        rows = [json.loads(line) for line in open(os.path.join(run_dir, "metrics.jsonl"))]
+        rows = [r for r in rows if "loss" in r and r["step"] > warmup]
+        timed = [r["step"] for r in rows]
+        layout, routings = _replay(trainer, timed)
+        dense_bytes = [int(p.nbytes) for p in trainer.dense.values()]
+        mismatches = 0
+        if check_bytes:
+            for row, step_routing in zip(rows, routings):
+                predicted = step_bytes(layout, step_routing, dense_bytes)
+                workers = list(layout.worker_ranks)
+                phases = set(predicted) | set(row["bytes"])
+                for phase in phases:
+                    got = row["bytes"].get(phase, {})
+                    want = predicted.get(phase)
+                    for field in BYTE_FIELDS:
+                        value = 0 if want is None else int(round(
+                            want[ROW_FIELDS[field]][workers].sum()))
+                        if value != int(got.get(field, 0)):
+                            mismatches += 1
+        params = CostParams(kernels=calibration["kernels"], handoff=calibration["handoff"],
+                            software=calibration["software"],
+                            source="calibrated in this job")
+        links = Links.from_fabric(calibration["fabric"])
+        predictions = [predict_step(layout, links, params, r, dense_bytes, compute_s=compute[1],
+                                    data_s=compute[0]) for r in routings[:3]]
+        best = min(predictions, key=lambda p: abs(p.seconds - np.median(
+            [q.seconds for q in predictions])))
+        specs = {n: v.spec for n, v in trainer.sync.variables.items()}
+        strategy = {n: {"method": trainer.sync[n].method,
+                        "partitions": trainer.sync[n].partitions,
+                        "local_aggregation": (_aggregation_on(trainer, trainer.ps.variables[n])
+                                              and layout.workers_per_node() > 1
+                                              if trainer.sync[n].method == "ps" else None)}
+                    for n in specs}
+        first = routings[0]
+        variables = [{"name": n, "kind": "sparse", "shape": [s.rows, s.dim], "dtype": s.dtype,
+                      "alpha": float(np.mean(first[n].unique[list(layout.worker_ranks)]) / s.rows),
+                      "duplicate_ratio": float(first[n].raw.sum() / max(first[n].unique.sum(), 1))}
+                     for n, s in specs.items()]
+        variables += [{"name": n, "kind": "dense", "shape": list(p.shape), "dtype": str(p.dtype)}
+                      for n, p in trainer.dense.items()]
+        result = {
+            "measured_s": float(np.median([r["seconds"] for r in rows])),
+            "measured_phases": {p: float(np.median([r["time"][p] for r in rows]))
+                                for p in rows[0]["time"]},
+            "predicted": best.to_dict(), "byte_mismatches": mismatches,
+            "byte_checks": len(rows) * 3 if check_bytes else 0,
+            "record": {"model": {"name": config["model"], "variables": variables},
+                       "layout": {**trainer.topology.describe(),
+                                  "workers": len(layout.worker_ranks),
+                                  "servers": len(layout.server_ranks)},
+                       "fabric": calibration["fabric"], "strategy": strategy,
+                       "global_batch": config["global_batch"]},
+        }
+    return comm.bcast(result, root=leader)
+
+
+def job_main(args):
+    import hpcpax
+    from mpi4py import MPI
+
+    from hpcpax.plan.calibrate import calibrate
+
+    comm = MPI.COMM_WORLD
+    ranks_per_node, servers = args.ranks_per_node, args.servers_per_node
+    os.environ["HPCPAX_RANKS_PER_NODE"] = str(ranks_per_node)
+    os.environ["HPCPAX_SERVERS_PER_NODE"] = str(servers)
+    configs = {k: v for k, v in CONFIGS.items() if k in args.configs}
+    results, calibrations = [], []
+    with tempfile.TemporaryDirectory() as scratch:
+        workdir = comm.bcast(scratch if comm.Get_rank() == 0 else None)
+        for round_index in range(args.rounds):
+            # each round measures its constants just before its runs, under the same load
+            topo = hpcpax.init(ranks_per_node, servers)
+            calibration = calibrate(topo, fabric_seconds=1.0)
+            compute = {name: _calibrate_compute(topo, {**config, "ranks_per_node": ranks_per_node,
+                                                       "servers_per_node": servers})
+                       for name, config in configs.items()}
+            several_per_node = topo.num_workers > topo.num_nodes
+            topo.free()
+            calibrations.append({**calibration, "compute": compute})
+            methods = {k: v for k, v in METHODS.items()
+                       if several_per_node or k != "ps-no-aggregation"}
+            for name, config in configs.items():
+                for method_name, method in methods.items():
+                    base = {**config, "ranks_per_node": ranks_per_node,
+                            "servers_per_node": servers}
+                    outcome = _one_run(comm, base, method, args.steps, args.warmup, workdir,
+                                       calibration, compute[name], check_bytes=round_index == 0)
+                    results.append({"config": name, "method": method_name, "round": round_index,
+                                    **outcome})
+    if comm.Get_rank() == 0:
+        with open(args.out, "w", encoding="utf-8") as handle:
+            json.dump({"layout": [comm.Get_size(), ranks_per_node, servers],
+                       "calibrations": calibrations, "runs": results}, handle)
+
+
+# ----------------------------------------------------------------------- orchestrator side
+def _spearman(a, b):
+    ra = np.argsort(np.argsort(a)).astype(float)
+    rb = np.argsort(np.argsort(b)).astype(float)
+    if ra.std() == 0 or rb.std() == 0:
+        return 1.0
+    return float(np.corrcoef(ra, rb)[0, 1])
+
+
+def _summaries(layout_results):
+    """One entry per (layout, config, method): measured median over rounds, spread, prediction."""
+    out = []
+    for job in layout_results:
+        groups = {}
+        for run in job["runs"]:
+            groups.setdefault((run["config"], run["method"]), []).append(run)
+        for (config, method), runs in groups.items():
+            measured = [r["measured_s"] for r in runs]
+            out.append({"layout": job["layout"], "config": config, "method": method,
+                        "measured_s": float(np.median(measured)),
+                        "spread": float((max(measured) - min(measured)) / np.median(measured)),
+                        "predicted_s": float(np.median([r["predicted"]["seconds"] for r in runs])),
+                        "bottleneck": runs[0]["predicted"]["bottleneck"],
+                        "byte_mismatches": sum(r["byte_mismatches"] for r in runs),
+                        "byte_checks": sum(r["byte_checks"] for r in runs),
+                        "record": {**runs[0]["record"],
+                                   "measured": {"step_s": float(np.median(measured)),
+                                                "phases": runs[0]["measured_phases"]},
+                                   "predicted": runs[0]["predicted"]}})
+    return out
+
+
+def _transfer(entries):
+    from hpcpax.plan.learned import fit_correction
+
+    out_analytic, out_learned = {}, {}
+    for fit_on, predict_on in (("lm", "ctr"), ("ctr", "lm")):
+        train = [e["record"] for e in entries if e["record"]["model"]["name"] == fit_on]
+        test = [e["record"] for e in entries if e["record"]["model"]["name"] == predict_on]
+        correction = fit_correction(train)
+        key = f"fit_{fit_on}_predict_{predict_on}"
+        if correction is None or not test:
+            out_analytic[key] = out_learned[key] = None
+            continue
+        measured = np.array([r["measured"]["step_s"] for r in test])
+        analytic = np.array([r["predicted"]["seconds"] for r in test])
+        learned = np.array([correction.apply(r["predicted"]) for r in test])
+        out_analytic[key] = float(np.median(np.abs(analytic - measured) / measured))
+        out_learned[key] = float(np.median(np.abs(learned - measured) / measured))
+    return out_analytic, out_learned
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--job", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--ranks-per-node", type=int, default=1, help=argparse.SUPPRESS)
+    parser.add_argument("--servers-per-node", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--out", help=argparse.SUPPRESS)
+    parser.add_argument("--configs", nargs="*", default=list(CONFIGS))
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--warmup", type=int, default=4)
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--timeout", type=int, default=600)
+    args = parser.parse_args()
+    if args.job:
+        return job_main(args)
+    from _common import emit
+
+    from hpcpax.plan.runlog import RunLog
+
+    layouts = QUICK_LAYOUTS if args.quick else LAYOUTS
+    if args.quick:
+        args.rounds, args.steps, args.warmup = 1, 8, 3
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "HYDRA_", "MPI"))}
+    jobs, failures = [], []
+    with tempfile.TemporaryDirectory() as scratch:
+        for ranks, per_node, servers in layouts:
+            out = os.path.join(scratch, f"{ranks}-{per_node}-{servers}.json")
+            command = ["mpirun", "-n", str(ranks), sys.executable, "-m", "mpi4py",
+                       os.path.abspath(__file__), "--job", "--ranks-per-node", str(per_node),
+                       "--servers-per-node", str(servers), "--out", out, "--rounds",
+                       str(args.rounds), "--steps", str(args.steps), "--warmup",
+                       str(args.warmup), "--configs", *args.configs]
+            done = subprocess.run(command, env=env, capture_output=True, text=True,
+                                  timeout=args.timeout)
+            if done.returncode != 0 or not os.path.exists(out):
+                failures.append({"layout": [ranks, per_node, servers],
+                                 "error": (done.stderr or done.stdout)[-400:]})
+                continue
+            with open(out, encoding="utf-8") as handle:
+                jobs.append(json.load(handle))
+    entries = _summaries(jobs)
+    log = RunLog()
+    for entry in entries:
+        log.append(entry["record"], source="cost_model_check")
+    errors = np.array([abs(e["predicted_s"] - e["measured_s"]) / e["measured_s"] for e in entries])
+    groups = {}
+    for e in entries:
+        groups.setdefault((tuple(e["layout"]), e["config"]), []).append(e)
+    spearman, within = [], []
+    for members in groups.values():
+        if len(members) < 2:
+            continue
+        measured = [m["measured_s"] for m in members]
+        predicted = [m["predicted_s"] for m in members]
+        spearman.append(_spearman(predicted, measured))
+        pick = members[int(np.argmin(predicted))]["measured_s"]
+        within.append(pick <= 1.10 * min(measured))
+    analytic, learned = _transfer(entries)
+    checks = sum(e["byte_checks"] for e in entries)
+    emit({
+        "benchmark": "cost_model_check",
+        "layouts": [list(j["layout"]) for j in jobs], "failures": failures,
+        "configs": args.configs, "rounds": args.rounds, "steps": args.steps,
+        "runs": len(entries) * args.rounds,
+        "bytes_exact": bool(entries) and all(e["byte_mismatches"] == 0 for e in entries),
+        "byte_fields_checked": checks,
+        "time_median_abs_error": float(np.median(errors)) if len(errors) else None,
+        "time_worst_abs_error": float(np.max(errors)) if len(errors) else None,
+        "spearman_min": min(spearman) if spearman else None,
+        "spearman_median": float(np.median(spearman)) if spearman else None,
+        "choice_within_10pct": float(np.mean(within)) if within else None,
+        "transfer_error_analytic": analytic, "transfer_error_learned": learned,
+        "measured_spread_median": float(np.median([e["spread"] for e in entries])) if entries
+        else None,
+        "cases": [{"layout": e["layout"], "config": e["config"], "method": e["method"],
+                   "measured_ms": e["measured_s"] * 1e3, "predicted_ms": e["predicted_s"] * 1e3,
+                   "spread": e["spread"], "bottleneck": e["bottleneck"]} for e in entries],
+        "machine": f"{os.cpu_count()} cores, shared with other jobs",
+    })
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

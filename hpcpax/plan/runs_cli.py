@@ -1,0 +1,70 @@
+"""``python -m hpcpax.runs list|export``: read the run log.
+
+``list`` prints one line per recorded run (id, date, source, model, layout,
+methods, measured and predicted ms per step); ``export`` writes every record
+as JSON lines (``--out FILE``, default standard output). ``--path`` reads
+another log than :func:`hpcpax.plan.runlog.run_log_path`. Not collective.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from .runlog import RunLog
+
+__all__ = ["main"]
+
+
+def _methods(record) -> str:
+    counts = {}
+    for entry in (record.get("strategy") or {}).values():
+        counts[entry["method"]] = counts.get(entry["method"], 0) + 1
+    return ",".join(f"{m}x{c}" if c > 1 else m for m, c in sorted(counts.items())) or "-"
+
+
+def _ms(value) -> str:
+    return "-" if value is None else f"{value * 1e3:.2f}"
+
+
+def _line(record) -> str:
+    layout = record.get("layout") or {}
+    shape = (f"{layout.get('num_nodes', '?')}n x {layout.get('workers_per_node', '?')}w"
+             f" + {layout.get('servers', '?')}s")
+    predicted = (record.get("predicted") or {}).get("seconds")
+    return "  ".join([f"{record['id']:>5}", record["created_utc"], f"{record['source']:<18}",
+                      f"{(record.get('model') or {}).get('name') or '?':<5}", f"{shape:<12}",
+                      f"{_methods(record):<24}", f"{_ms((record.get('measured') or {}).get('step_s')):>9}",
+                      f"{_ms(predicted):>9}"])
+
+
+def main(argv=None) -> int:
+    """Entry point; returns the exit status."""
+    parser = argparse.ArgumentParser(prog="python -m hpcpax.runs", description=__doc__.split("\n")[0])
+    parser.add_argument("command", choices=("list", "export"))
+    parser.add_argument("--path", help="run log file (default: $HPCPAX_RUN_LOG or the user cache)")
+    parser.add_argument("--model", help="only runs of this model")
+    parser.add_argument("--source", help="only runs of this source (train, a benchmark)")
+    parser.add_argument("--out", help="export: write here instead of standard output")
+    args = parser.parse_args(argv)
+    log = RunLog(args.path)
+    if not log.enabled:
+        print("run log is off (HPCPAX_RUN_LOG=off)", file=sys.stderr)
+        return 1
+    records = log.records(model=args.model, source=args.source)
+    if args.command == "list":
+        print(f"{log.path}: {len(records)} runs")
+        print("  ".join(["   id", "created (UTC)       ", f"{'source':<18}", "model", f"{'layout':<12}",
+                         f"{'methods':<24}", " meas. ms", " pred. ms"]))
+        for record in records:
+            print(_line(record))
+        return 0
+    handle = open(args.out, "w", encoding="utf-8") if args.out else sys.stdout
+    try:
+        for record in records:
+            handle.write(json.dumps(record, sort_keys=True) + "\n")
+    finally:
+        if args.out:
+            handle.close()
+    return 0

@@ -1,0 +1,192 @@
+"""The run log (SQLite) and the learned correction fitted on it."""
+
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from hpcpax.comm.fabric import Fabric, LinkModel
+from hpcpax.plan import runs_cli
+from hpcpax.plan.auto import make_plan
+from hpcpax.plan.cost_model import CostParams
+from hpcpax.plan.learned import FEATURES, Correction, fit_correction, load_correction
+from hpcpax.plan.runlog import SCHEMA_VERSION, RunLog, RunLogWarning, run_log_path
+
+
+def _record(model="lm", step=0.01, resources=None):
+    resources = resources or {"latency": 0.002, "client kernels": 0.003, "compute": 0.004}
+    return {"model": {"name": model, "variables": []},
+            "layout": {"workers": 2, "num_nodes": 1, "servers": 1},
+            "strategy": {"emb": {"method": "ps", "partitions": 1, "local_aggregation": False}},
+            "measured": {"step_s": step, "phases": {}},
+            "predicted": {"seconds": sum(resources.values()), "resources": resources}}
+
+
+def test_path_from_env_default_and_off(monkeypatch, tmp_path):
+    monkeypatch.setenv("HPCPAX_RUN_LOG", str(tmp_path / "a.sqlite"))
+    assert run_log_path() == str(tmp_path / "a.sqlite")
+    monkeypatch.setenv("HPCPAX_RUN_LOG", "off")
+    assert run_log_path() is None and RunLog().append(_record()) is None
+    monkeypatch.delenv("HPCPAX_RUN_LOG")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    assert run_log_path() == str(tmp_path / "cache" / "hpcpax" / "runs.sqlite")
+
+
+def test_append_and_read_back(tmp_path):
+    log = RunLog(str(tmp_path / "runs.sqlite"))
+    assert log.records() == []  # no file yet: nothing, no warning
+    ids = [log.append(_record(m, s), source="bench") for m, s in (("lm", 0.01), ("ctr", 0.02))]
+    assert ids == [1, 2]
+    got = log.records()
+    assert [r["model"]["name"] for r in got] == ["lm", "ctr"]
+    assert got[1]["measured"]["step_s"] == 0.02 and got[1]["source"] == "bench"
+    assert [r["id"] for r in log.records(model="ctr")] == [2]
+    with sqlite3.connect(log.path) as db:
+        assert db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone() == (
+            str(SCHEMA_VERSION),)
+        assert db.execute("SELECT model, step_s, predicted_s FROM runs WHERE id=1").fetchone() \
+            == ("lm", 0.01, pytest.approx(0.009))
+
+
+def test_corrupt_file_warns_and_never_raises(tmp_path):
+    path = tmp_path / "runs.sqlite"
+    path.write_bytes(b"this is not a database" * 100)
+    log = RunLog(str(path))
+    with pytest.warns(RunLogWarning, match="unusable"):
+        assert log.append(_record()) is None
+    with pytest.warns(RunLogWarning, match="unreadable"):
+        assert log.records() == []
+    with pytest.warns(RunLogWarning):
+        correction, why = load_correction(str(path))
+    assert correction is None and "0 records" in why
+
+
+def test_newer_schema_is_left_alone(tmp_path):
+    path = str(tmp_path / "runs.sqlite")
+    assert RunLog(path).append(_record()) == 1
+    with sqlite3.connect(path) as db:
+        db.execute("UPDATE meta SET value=? WHERE key='schema_version'", (str(SCHEMA_VERSION + 1),))
+    with pytest.warns(RunLogWarning, match="newer"):
+        assert RunLog(path).append(_record()) is None
+    with pytest.warns(RunLogWarning, match="newer"):
+        assert RunLog(path).records() == []
+    with sqlite3.connect(path) as db:
+        assert db.execute("SELECT COUNT(*) FROM runs").fetchone() == (1,)
+
+
+def test_locked_file_warns_after_the_timeout(tmp_path):
+    path = str(tmp_path / "runs.sqlite")
+    RunLog(path).append(_record())
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("BEGIN EXCLUSIVE")
+    try:
+        with pytest.warns(RunLogWarning, match="locked"):
+            assert RunLog(path, timeout_s=0.2).append(_record()) is None
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    assert len(RunLog(path).records()) == 1
+
+
+_WRITER = """
+import sys
+from hpcpax.plan.runlog import RunLog
+log = RunLog(sys.argv[1])
+for i in range(int(sys.argv[3])):
+    assert log.append({"model": {"name": sys.argv[2]}, "measured": {"step_s": i}}) is not None
+"""
+
+
+def test_concurrent_writers_lose_no_record(tmp_path):
+    path = str(tmp_path / "runs.sqlite")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "HYDRA_", "MPI"))}
+    procs = [subprocess.Popen([sys.executable, "-c", _WRITER, path, f"w{k}", "25"], env=env)
+             for k in range(4)]
+    assert [p.wait(timeout=120) for p in procs] == [0, 0, 0, 0]
+    records = RunLog(path).records()
+    assert len(records) == 100
+    for k in range(4):
+        steps = sorted(r["measured"]["step_s"] for r in records if r["model"]["name"] == f"w{k}")
+        assert steps == list(range(25))
+
+
+def test_correction_recovers_known_weights():
+    rng = np.random.default_rng(0)
+    truth = {"latency": 3.0, "client kernels": 0.5}
+    records = []
+    for _ in range(40):
+        resources = {"latency": rng.uniform(1e-3, 5e-3), "client kernels": rng.uniform(1e-3, 5e-3),
+                     "compute": rng.uniform(1e-3, 5e-3)}
+        measured = resources["compute"] + sum(truth[k] * resources[k] for k in truth)
+        records.append(_record(step=measured, resources=resources))
+    correction = fit_correction(records, ridge=1e-6)
+    assert correction.weights["latency"] == pytest.approx(3.0, rel=1e-3)
+    assert correction.weights["client kernels"] == pytest.approx(0.5, rel=1e-3)
+    # mechanisms no record exercised keep the analytic weight
+    assert correction.weights["inter link"] == pytest.approx(1.0)
+    assert correction.apply(records[0]["predicted"]) == pytest.approx(
+        records[0]["measured"]["step_s"], rel=1e-3)
+    again = Correction.from_dict(json.loads(json.dumps(correction.to_dict())))
+    assert again.weights == correction.weights and set(again.weights) == set(FEATURES)
+
+
+def test_plan_says_whether_the_correction_was_used(tmp_path):
+    fabric = Fabric(LinkModel(1e-6, 5e9), LinkModel(1e-6, 5e9), 1 << 20)
+    variables = [{"name": "emb", "kind": "sparse", "shape": (50_000, 32), "alpha": 0.01}]
+    topo = {"num_nodes": 2, "workers_per_node": 2, "servers_per_node": 1}
+    path = str(tmp_path / "runs.sqlite")
+    for _ in range(7):
+        RunLog(path).append(_record())
+    correction, why = load_correction(path)
+    assert correction is None and why == "not used: 7 records with a prediction < 8"
+    plan = make_plan(variables, "auto", topo, fabric, params=CostParams(),
+                     correction=(correction, why))
+    assert plan.search["cost_model"]["learned_correction"] is False
+    assert plan.search["cost_model"]["why"] == why
+    RunLog(path).append(_record())
+    correction, why = load_correction(path)
+    assert correction is not None and why == "used: fitted on 8 records"
+    plan = make_plan(variables, "auto", topo, fabric, params=CostParams(),
+                     correction=(correction, why))
+    assert plan.search["cost_model"]["learned_correction"] is True
+    assert plan.search["cost_model"]["correction"]["records"] == 8
+    hybrid = make_plan(variables, "hybrid", topo, fabric, params=CostParams(),
+                       correction=(correction, why))
+    assert hybrid.search["cost_model"]["learned_correction"] is False
+
+
+def test_runs_cli_list_and_export(tmp_path, capsys):
+    path = str(tmp_path / "runs.sqlite")
+    RunLog(path).append(_record("ctr", 0.0123), source="cost_model_check")
+    assert runs_cli.main(["list", "--path", path]) == 0
+    out = capsys.readouterr().out
+    assert "1 runs" in out and "cost_model_check" in out and "12.30" in out
+    target = tmp_path / "out.jsonl"
+    assert runs_cli.main(["export", "--path", path, "--out", str(target)]) == 0
+    lines = target.read_text().splitlines()
+    assert len(lines) == 1 and json.loads(lines[0])["model"]["name"] == "ctr"
+
+
+def test_a_training_run_appends_one_record(tmp_path, monkeypatch):
+    from mpi4py import MPI
+
+    from hpcpax.app.trainer import Trainer
+
+    path = str(tmp_path / "runs.sqlite")
+    monkeypatch.setenv("HPCPAX_RUN_LOG", path)
+    config = {"vocab_size": 300, "context": 3, "emb_dim": 8, "hidden": [16], "out_dim": 8,
+              "num_sampled": 8, "global_batch": 16, "synthetic_samples": 3000, "steps": 12,
+              "plan_steps": 3, "quiet": True, "run_dir": str(tmp_path / "run")}
+    Trainer(config, comm=MPI.COMM_SELF).run()
+    (record,) = RunLog(path).records()
+    assert record["source"] == "train" and record["model"]["name"] == "lm"
+    assert record["layout"]["workers"] == 1 and record["plan_mode"] == "auto"
+    names = {v["name"] for v in record["model"]["variables"] if v["kind"] == "sparse"}
+    assert set(record["strategy"]) == names
+    assert all(0 < v["alpha"] <= 1 for v in record["model"]["variables"] if v["kind"] == "sparse")
+    assert record["measured"]["steps"] == 12 - 3 - 2 and record["measured"]["step_s"] > 0
+    assert record["predicted"]["seconds"] > 0 and "compute" in record["predicted"]["resources"]
