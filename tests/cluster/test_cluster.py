@@ -122,14 +122,14 @@ def test_up_checked_that_mpi_crosses_the_links(cluster):
     assert check["gbit_per_s"] <= 1.15 * 2.0
 
 
-def test_launcher_runs_each_node_in_its_namespace_with_its_hostname(cluster):
-    result, moved = run_on_cluster(cluster, 2, [sys.executable, "-c",
-                                                "import socket, sys; print(socket.gethostname(), "
-                                                "open('/proc/net/dev').read().count('eth0'))"],
+def test_launcher_runs_each_node_in_its_namespace_with_its_hostname(cluster, tmp_path):
+    code = ("import os, socket, sys; open(os.path.join(sys.argv[1], str(os.getpid())), 'w')"
+            ".write(socket.gethostname() + ' ' + str(open('/proc/net/dev').read().count('eth0')))")
+    result, moved = run_on_cluster(cluster, 2, [sys.executable, "-c", code, str(tmp_path)],
                                    timeout=60)
     assert result.returncode == 0, result.stderr
-    lines = sorted(result.stdout.split("\n"))[-4:]
-    assert lines == ["hpt1 1", "hpt1 1", "hpt2 1", "hpt2 1"]
+    seen = sorted(p.read_text() for p in tmp_path.iterdir())
+    assert seen == ["hpt1 1", "hpt1 1", "hpt2 1", "hpt2 1"]
 
 
 def test_launcher_refuses_a_host_that_is_not_a_node(cluster):
