@@ -1,4 +1,4 @@
-"""Fixtures of the emulated-cluster tests: a 2-node cluster, always torn down.
+"""Fixtures of the emulated-cluster tests: a 3-node cluster, always torn down.
 
 The cluster (prefix ``hpt``, its own subnet) is built once per session by
 the first test that asks for it and removed by the fixture's finalizer, also
@@ -58,7 +58,7 @@ def run_on_cluster(spec, ranks_per_node, argv, timeout=120, nodes=None, **env):
 
 @pytest.fixture(scope="session")
 def cluster():
-    """A running 2-node cluster (2 Gbit/s links, checked); torn down at the end."""
+    """A running 3-node cluster (2 Gbit/s links, checked); torn down at the end."""
     reason = cluster_skip_reason()
     if reason:
         pytest.skip(f"emulated cluster unavailable: {reason}")
@@ -66,7 +66,7 @@ def cluster():
 
     emu.down(PREFIX, log=lambda text: None)
     try:
-        spec = emu.up(2, rate="2gbit", prefix=PREFIX, subnet=SUBNET)
+        spec = emu.up(3, rate="2gbit", prefix=PREFIX, subnet=SUBNET)
         yield spec
     finally:
         emu.down(PREFIX, log=lambda text: None)
