@@ -85,7 +85,7 @@ def running(prefix="hpx") -> ClusterSpec | None:
 def status(prefix="hpx") -> dict:
     """What is up: nodes, addresses, rate, bytes on each link, slurmds. Local."""
     from .netns import exists
-    from .slurmd import _slurmd_pid
+    from .slurmd import slurmd_pid
 
     spec = ClusterSpec.load(prefix)
     if spec is None:
@@ -98,7 +98,7 @@ def status(prefix="hpx") -> dict:
         "rate_gbit_per_s": spec.rate_bps / 1e9, "delay_us": spec.delay_s * 1e6,
         "delay_applied": spec.delay_applied, "launcher": str(spec.launcher),
         "nodes": [{"name": n, "address": spec.address(n), "link": spec.veth(n),
-                   "present": present["nodes"][n], "slurmd_pid": _slurmd_pid(prefix, n),
+                   "present": present["nodes"][n], "slurmd_pid": slurmd_pid(prefix, n),
                    **{f"{k}_bytes": v for k, v in counters[n].items()}}
                   for n in spec.node_names],
         "slurm_partition": spec.extra.get("slurm_partition"),

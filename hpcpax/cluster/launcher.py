@@ -74,11 +74,14 @@ def find_mpirun() -> str:
     return found
 
 
-def mpirun_argv(spec: ClusterSpec, ranks_per_node: int, command, nodes=None) -> list:
+def mpirun_argv(spec: ClusterSpec, ranks_per_node: int, command, nodes=None,
+                transport=None) -> list:
     """``mpirun`` argv that runs ``command`` with ``ranks_per_node`` ranks on each node.
 
     Ranks are placed in blocks (ranks 0..K-1 on the first node). ``nodes``:
-    names or a count of the first nodes (default all).
+    names or a count of the first nodes (default all). ``transport``: the
+    ranks' UCX settings (default :data:`TRANSPORT_ENV`; tests pass others to
+    show that the link check catches a bypass).
     """
     if isinstance(nodes, int):
         if not 1 <= nodes <= spec.nodes:
@@ -91,7 +94,8 @@ def mpirun_argv(spec: ClusterSpec, ranks_per_node: int, command, nodes=None) -> 
     if isinstance(ranks_per_node, bool) or not isinstance(ranks_per_node, int) \
             or ranks_per_node < 1:
         raise ConfigError(f"ranks_per_node must be a positive int, not {ranks_per_node!r}")
-    genv = [a for k, v in TRANSPORT_ENV.items() for a in ("-genv", k, v)]
+    genv = [a for k, v in (TRANSPORT_ENV if transport is None else transport).items()
+            for a in ("-genv", k, v)]
     return [find_mpirun(), "-launcher", "ssh", "-launcher-exec", str(spec.launcher),
             "-hosts", ",".join(nodes), "-ppn", str(ranks_per_node),
             "-n", str(ranks_per_node * len(nodes)), *genv, *command]

@@ -75,7 +75,7 @@ def main(argv=None) -> int:
     return 0
 
 
-def check_links(spec, nbytes=32 << 20, nodes=None, timeout=120) -> dict:
+def check_links(spec, nbytes=32 << 20, nodes=None, timeout=120, transport=None) -> dict:
     """Stream ``nbytes`` between two nodes over MPI and judge the links. Not collective.
 
     Args:
@@ -83,6 +83,8 @@ def check_links(spec, nbytes=32 << 20, nodes=None, timeout=120) -> dict:
         nbytes: payload of the stream.
         nodes: the two node names (default the first two).
         timeout: seconds for the whole ``mpirun``.
+        transport: UCX settings of the ranks (default the cluster's, see
+            :func:`~hpcpax.cluster.launcher.mpirun_argv`).
 
     Returns:
         ``{"used": bool, "reason": str, "payload_bytes", "link_bytes", "seconds",
@@ -95,7 +97,7 @@ def check_links(spec, nbytes=32 << 20, nodes=None, timeout=120) -> dict:
     if len(nodes) != 2 or nodes[0] == nodes[1]:
         raise ValueError(f"nodes must be two different nodes, not {nodes!r}")
     argv = mpirun_argv(spec, 1, [sys.executable, "-m", "hpcpax.cluster.probe", str(nbytes)],
-                       nodes=nodes)
+                       nodes=nodes, transport=transport)
     before = link_counters(spec)
     result = subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
                             env=mpirun_env())

@@ -32,7 +32,7 @@ from ..errors import ConfigError, TopologyError
 from .spec import STATE_ROOT, ClusterSpec
 
 __all__ = ["SLURM_CONF", "node_conf_text", "cluster_partition", "start_slurmds", "stop_slurmds",
-           "wait_nodes"]
+           "slurmd_pid", "wait_nodes"]
 
 SLURM_CONF = Path("/etc/slurm/slurm.conf")
 _NODE_KEYS = ("SlurmdPidFile", "SlurmdSpoolDir", "SlurmdLogFile", "TaskProlog")
@@ -120,8 +120,8 @@ def _write_files(spec: ClusterSpec, conf_text: str) -> Path:
     return conf
 
 
-def _slurmd_pid(prefix: str, node: str):
-    """Pid of ``node``'s slurmd from its pid file, when that process is a slurmd."""
+def slurmd_pid(prefix: str, node: str):
+    """Pid of ``node``'s slurmd from its pid file, when that process is a slurmd (else None)."""
     try:
         pid = int((STATE_ROOT / prefix / f"slurmd-{node}.pid").read_text().split()[0])
         with open(f"/proc/{pid}/cmdline", "rb") as handle:
@@ -147,7 +147,7 @@ def start_slurmds(spec: ClusterSpec, log=None, timeout=60.0) -> str:
     partition = cluster_partition(spec, conf_text)
     conf = _write_files(spec, conf_text)
     for node in spec.node_names:
-        if _slurmd_pid(spec.prefix, node):
+        if slurmd_pid(spec.prefix, node):
             continue
         inner = f"mount --bind {conf} {SLURM_CONF} && exec {slurmd} -N {node}"
         argv = node_argv(spec, node, ["sh", "-c", inner], uts=True, mount=True)
@@ -191,7 +191,7 @@ def wait_nodes(nodes, timeout=60.0, log=None) -> None:
 def stop_slurmds(prefix: str, nodes, log=None, wait_s=10.0) -> None:
     """Stop the slurmds of ``nodes`` (by pid file) and mark the nodes down. Idempotent."""
     log = log or (lambda text: None)
-    pids = {n: _slurmd_pid(prefix, n) for n in nodes}
+    pids = {n: slurmd_pid(prefix, n) for n in nodes}
     pids = {n: p for n, p in pids.items() if p}
     if not pids:
         return
@@ -202,10 +202,10 @@ def stop_slurmds(prefix: str, nodes, log=None, wait_s=10.0) -> None:
         except ProcessLookupError:
             pass
     deadline = time.monotonic() + wait_s
-    while time.monotonic() < deadline and any(_slurmd_pid(prefix, n) for n in pids):
+    while time.monotonic() < deadline and any(slurmd_pid(prefix, n) for n in pids):
         time.sleep(0.1)
     for node in pids:
-        pid = _slurmd_pid(prefix, node)
+        pid = slurmd_pid(prefix, node)
         if pid:
             os.kill(pid, signal.SIGKILL)
     if shutil.which("scontrol"):

@@ -187,3 +187,23 @@ def test_down_is_idempotent_and_cleans_up_after_a_crash():
                              "--name-prefix", prefix], capture_output=True, text=True,
                             timeout=60, env=run_env())
     assert result.returncode == 0 and "down" in result.stdout
+
+
+def test_the_link_check_catches_mpi_bypassing_the_links(cluster):
+    """UCX's default transports reach the other namespace through shared memory."""
+    from hpcpax.cluster.probe import check_links
+
+    result = check_links(cluster, nbytes=8 << 20, transport={"UCX_TLS": "all"})
+    assert not result["used"] and "bypasses the links" in result["reason"], result
+    assert result["link_bytes"] < result["payload_bytes"] // 10
+
+
+def test_cli_mpirun_reports_the_bytes_on_each_link(cluster):
+    result = subprocess.run([sys.executable, "-m", "hpcpax.cluster", "mpirun", "--name-prefix",
+                             PREFIX, "--nodes", "2", "--", sys.executable, "-m",
+                             "hpcpax.cluster.probe", str(1 << 20)], capture_output=True,
+                            text=True, timeout=120, cwd=ROOT, env=run_env())
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout.splitlines()[-1])["hosts"] == ["hpt1", "hpt2"]
+    moved = result.stderr.split("bytes sent over each node's link: ")[1]
+    assert int(moved.split("'hpt1': ")[1].split(",")[0]) >= 1 << 20
