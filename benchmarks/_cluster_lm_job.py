@@ -187,7 +187,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     for flag, default in (("vocab-size", 400_000), ("context", 4), ("emb-dim", 128),
                           ("hidden", 256), ("out-dim", 128), ("num-sampled", 4096),
-                          ("global-batch", 1024), ("steps", 20), ("plan-steps", 5),
+                          ("global-batch", 1152), ("steps", 20), ("plan-steps", 5),
                           ("warmup", 2)):
         parser.add_argument(f"--{flag}", type=int, default=default)
     parser.add_argument("--methods", default="auto,allgather,ps,torch")

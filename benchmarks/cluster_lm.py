@@ -8,7 +8,7 @@ cross them) and tears it down at the end, also on failure. Needs root and
 Model (sized to a 2-core machine, shaped like LM-1B): vocabulary 400,000
 rows, embedding and softmax width 128, one hidden layer of 256, sampled
 softmax with 4,096 log-uniform negatives, Zipf(1.1) token frequencies
-(the synthetic data), global batch 1,024, SGD. Every rank is a worker
+(the synthetic data), global batch 1,152 (divides by 4 and 6 workers), SGD. Every rank is a worker
 (``servers_per_node=0``), as DDP's; 2 ranks per node.
 
 Links: intra-node traffic stays in MPICH's shared memory (gloo: loopback);
@@ -52,7 +52,7 @@ import _common  # noqa: E402
 
 PREFIX, SUBNET = "hpb", "10.213.252.0/24"
 FULL = {"vocab-size": 400_000, "emb-dim": 128, "out-dim": 128, "hidden": 256,
-        "num-sampled": 4096, "global-batch": 1024, "steps": 20, "plan-steps": 5, "warmup": 2}
+        "num-sampled": 4096, "global-batch": 1152, "steps": 20, "plan-steps": 5, "warmup": 2}
 QUICK = {"vocab-size": 20_000, "emb-dim": 16, "out-dim": 16, "hidden": 32,
          "num-sampled": 256, "global-batch": 128, "steps": 10, "plan-steps": 3, "warmup": 1}
 
@@ -180,17 +180,28 @@ def main():
         spec = cluster.up(max(node_counts), rate=args.rate, prefix=PREFIX, subnet=SUBNET)
         out["link_probe"] = probe_links(spec)
         for nodes in node_counts:
-            jobs = []
+            jobs, errors = [], []
             for r in range(rounds):
                 hpcpax_methods = methods[:3]
                 order = hpcpax_methods[r % 3:] + hpcpax_methods[:r % 3]
                 order += methods[3:]  # the torch steps ride on the auto run, interleaved
-                jobs.append(run_round(spec, nodes, args.ranks_per_node, order, sizes,
-                                      args.timeout))
-            out[f"nodes_{nodes}"] = summarize(jobs, spec.rate_bps, nodes)
+                try:
+                    jobs.append(run_round(spec, nodes, args.ranks_per_node, order, sizes,
+                                          args.timeout))
+                    print(f"cluster_lm: {nodes} nodes, round {r + 1}: "
+                          f"{json.dumps(jobs[-1])}", file=sys.stderr, flush=True)
+                except (RuntimeError, subprocess.TimeoutExpired) as exc:
+                    errors.append(str(exc)[-1500:])
+            out[f"nodes_{nodes}"] = summarize(jobs, spec.rate_bps, nodes) if jobs else {}
+            if errors:
+                out[f"nodes_{nodes}"]["errors"] = errors
     finally:
         cluster.down(PREFIX, log=lambda text: None)
-    per_n = [out[f"nodes_{n}"] for n in node_counts]
+    per_n = [out[f"nodes_{n}"] for n in node_counts if "methods" in out[f"nodes_{n}"]]
+    if not per_n:
+        out["error"] = "every round failed (see nodes_N.errors)"
+        _common.emit(out)
+        return 1
     for key in ("ratio_auto_vs_allgather", "ratio_auto_vs_torch_ddp",
                 "ratio_auto_vs_best_fixed"):
         values = [p[key] for p in per_n if p[key] is not None]
