@@ -1,11 +1,12 @@
 """One round of ``cluster_lm.py`` on the emulated cluster (run under ``mpirun``; not standalone).
 
-Trains the same LM-1B-shaped model with each hpcpax plan in ``--methods``
-order (``Trainer`` runs in this one job, so start-up costs are paid once),
-and, when ``torch`` is among them, one PyTorch DDP step (gloo,
-``nn.Embedding(sparse=True)``, :mod:`torch_lm`'s model) after each step of
-the ``auto`` run on the same batches (A B A B ...). Every rank is a worker
-hosting partitions (``servers_per_node=0``), as DDP's workers.
+Trains the same LM-1B-shaped model with each method in ``--methods`` order
+(``Trainer`` runs in this one job, so start-up costs are paid once). The
+``torch`` method is PyTorch DDP (gloo, ``nn.Embedding(sparse=True)``,
+:mod:`torch_lm`'s model) on the same batches and sampled ids: its steps run
+as hooks of a PS run whose own figures are dropped (timed alone, after a
+barrier). Every rank is a worker hosting partitions
+(``servers_per_node=0``), as DDP's workers.
 
 Measured per method over the timed steps (after the plan and warm-up):
 step seconds (slowest rank), bytes from the accounting (hpcpax) and bytes
@@ -205,21 +206,37 @@ def main():
            "ranks": comm.Get_size(), "order": methods, "methods": {}}
     scratch = comm.bcast(tempfile.mkdtemp(prefix="hpcpax-cluster-lm-") if comm.Get_rank() == 0
                          else None)
-    for method in [m for m in methods if m != "torch"]:
+    for method in methods:
         run_dir = os.path.join(scratch, method)
-        hooks = [meter.mark]
-        with_torch = method == "auto" and torch_side is not None
-        if with_torch:
-            hooks += [torch_side.step, meter.mark]
+        with_torch = method == "torch"
+        hooks = [meter.mark] + ([torch_side.step, meter.mark] if with_torch else [])
         meter.marks = []
         meter.mark()
-        trainer = Trainer(lm_config(args, method, run_dir), comm=comm, hooks=hooks)
+        # torch runs alone too: its steps ride on a PS run only for its batches and
+        # sampled ids, and that run's own figures are dropped
+        trainer = Trainer(lm_config(args, "ps" if with_torch else method, run_dir), comm=comm,
+                          hooks=hooks)
         start = time.perf_counter()
         trainer.run()
         wall = time.perf_counter() - start
-        every = 2 if with_torch else 1
         first = args.plan_steps + args.warmup  # marks: 0 before step 1, then after each step
-        hp_wire = meter.deltas(every, offset=every * first)
+        if with_torch:
+            torch_wire = meter.deltas(2, offset=2 * first + 1)
+            seconds = torch_side.seconds[first:]  # already the slowest worker's, each step
+            if comm.Get_rank() == 0:
+                out["methods"]["torch"] = {
+                    "seconds_per_step": _common.median(seconds),
+                    "seconds_per_step_all": [float(s) for s in seconds],
+                    "samples_per_s": args.global_batch / _common.median(seconds),
+                    "wire_bytes_per_step": float(np.mean(torch_wire)),
+                    "compute_seconds": _common.median(torch_side.compute_seconds[first:]),
+                    "layout": "DDP over gloo (TCP over eth0 between nodes), "
+                              "nn.Embedding(sparse=True): sparse grads allgathered",
+                }
+            torch_side.seconds, torch_side.compute_seconds = [], []
+            comm.Barrier()
+            continue
+        hp_wire = meter.deltas(1, offset=first)
         if comm.Get_rank() == 0:
             result = read_run(run_dir, args)
             result["wire_bytes_per_step"] = float(np.mean(hp_wire)) if hp_wire else None
@@ -235,20 +252,6 @@ def main():
                 result["offnode_bytes_predicted"] = predicted
                 out["lower_bound_offnode_bytes"] = bound
             out["methods"][method] = result
-        if with_torch:
-            torch_wire = meter.deltas(2, offset=2 * first + 1)
-            warm = first
-            seconds = torch_side.seconds[warm:]  # already the slowest worker's, each step
-            if comm.Get_rank() == 0:
-                out["methods"]["torch"] = {
-                    "seconds_per_step": _common.median(seconds),
-                    "seconds_per_step_all": [float(s) for s in seconds],
-                    "samples_per_s": args.global_batch / _common.median(seconds),
-                    "wire_bytes_per_step": float(np.mean(torch_wire)),
-                    "layout": "DDP over gloo (TCP over eth0 between nodes), "
-                              "nn.Embedding(sparse=True): sparse grads allgathered",
-                }
-            torch_side.seconds = []
         comm.Barrier()
     if dist is not None:
         dist.destroy_process_group()
