@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # Install and start a one-node Slurm cluster (slurmctld + slurmd + munge) on
 # this machine, for CI. Needs root and Debian's apt; no systemd is assumed.
+# slurm.conf also lists the nodes of the emulated cluster (network namespaces
+# hpx1..hpxN, partition "cluster"); .ci/cluster_up.sh starts their slurmds.
+# Until then they are down and, in their own partition, in nobody's way.
 #
 # Idempotent: a second run leaves running daemons alone unless slurm.conf
 # changed, in which case it restarts them.  Every wait is bounded.
@@ -8,6 +11,7 @@
 # Usage:  .ci/slurm_up.sh
 #   env SLURM_UP_TIMEOUT=60   seconds to wait for each daemon / the node
 #       SLURM_UP_MIN_CPUS=4   CPUs the node advertises at least (oversubscribes small runners)
+#       SLURM_UP_CLUSTER_NODES=3   emulated nodes listed for .ci/cluster_up.sh
 # Then:   srun --mpi=pmi2 -n 2 /work/venv/bin/python -c \
 #           "from mpi4py import MPI; print(MPI.COMM_WORLD.Get_rank())"
 set -euo pipefail
@@ -95,6 +99,28 @@ for d in /var/spool/slurmctld /var/spool/slurmd /var/log/slurm /etc/slurm; do
     install -d -m 0755 "$d"
 done
 
+# The emulated nodes: names and addresses of `python -m hpcpax.cluster up
+# --name-prefix hpx` (its default subnet 10.213.0.0/24, node I at .(10+I)).
+cluster_nodes=${SLURM_UP_CLUSTER_NODES:-3}
+if ! command -v ip >/dev/null; then
+    log "no ip (iproute2): the emulated cluster's nodes are left out of slurm.conf"
+    cluster_nodes=0
+fi
+if ((cluster_nodes > 0)); then
+    # slurmctld keeps calling the nodes' addresses while they are down: make
+    # them unreachable then (the bridge's own route wins while they are up),
+    # never routed off the machine.
+    ip route replace unreachable 10.213.0.0/24 metric 4242
+fi
+cluster_lines=""
+cluster_partition=""
+for ((i = 1; i <= cluster_nodes; i++)); do
+    cluster_lines+="NodeName=hpx${i} NodeAddr=10.213.0.$((10 + i)) CPUs=${cpus} RealMemory=${real_memory} State=UNKNOWN"$'\n'
+done
+if ((cluster_nodes > 0)); then
+    cluster_partition="PartitionName=cluster Nodes=hpx[1-${cluster_nodes}] MaxTime=INFINITE State=UP OverSubscribe=FORCE:4"
+fi
+
 new_conf=$(mktemp)
 trap 'rm -f "$new_conf"' EXIT
 cat >"$new_conf" <<EOF
@@ -125,6 +151,9 @@ SlurmctldLogFile=/var/log/slurm/slurmctld.log
 SlurmdLogFile=/var/log/slurm/slurmd.log
 SlurmctldDebug=info
 SlurmdDebug=info
+# The emulated nodes read a copy of this file that differs in SlurmctldHost
+# and per-node paths (hpcpax/cluster/slurmd.py): expected, do not log it.
+DebugFlags=NO_CONF_HASH
 SlurmctldPort=6817
 SlurmdPort=6818
 # Keep finished jobs visible to scontrol for 5 minutes (there is no slurmdbd).
@@ -134,7 +163,8 @@ InactiveLimit=0
 SlurmctldTimeout=120
 SlurmdTimeout=300
 NodeName=${host} NodeAddr=127.0.0.1 CPUs=${cpus} RealMemory=${real_memory} State=UNKNOWN
-PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:4
+${cluster_lines}PartitionName=debug Nodes=${host} Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:4
+${cluster_partition}
 EOF
 
 conf_changed=0

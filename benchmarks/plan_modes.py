@@ -1,4 +1,4 @@
-"""``--plan auto`` against ``hybrid``, ``ps`` and ``allreduce`` on the built-in models.
+"""``--plan auto`` against ``hybrid``, ``ps``, ``allgather`` and ``allreduce`` on the built-in models.
 
 For each model (``lm``, ``ctr``) and each plan mode, one training run in this
 ``mpirun`` job (modes in rounds, so noise hits all alike): samples/s over the
@@ -20,7 +20,7 @@ from mpi4py import MPI
 
 from hpcpax.app.trainer import Trainer
 
-MODES = ("auto", "hybrid", "ps", "allreduce")
+MODES = ("auto", "hybrid", "ps", "allgather", "allreduce")
 MODELS = {
     "lm": {"model": "lm", "vocab_size": 50_000, "emb_dim": 64, "hidden": [128], "out_dim": 64,
            "num_sampled": 256, "global_batch": 384},

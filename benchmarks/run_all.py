@@ -11,6 +11,11 @@ Scaling: 1, 2, 4 ranks, and 1, 2, 4 virtual nodes (``HPCPAX_RANKS_PER_NODE``).
 Threads per rank: ``max(1, cores // ranks)`` (``OMP_NUM_THREADS``,
 ``NUMBA_NUM_THREADS``, torch's intra-op threads), the same for every method.
 
+The emulated-cluster benchmarks (``cluster_lm.py``, ``cluster_plan_modes.py``:
+real network namespaces as nodes, shaped links) run in the full set only;
+they are drivers that start their own ``mpirun`` jobs and say ``skipped``
+(with the reason) where they cannot build a cluster (not root, no ``ip netns``).
+
 Usage: ``python benchmarks/run_all.py [--quick] [--only NAME ...]``.
 """
 
@@ -43,6 +48,10 @@ FULL_JOBS = [
     ("kernels.py", 1, None, []),
     ("sparse_sync.py", 4, None, ["--ranks-per-node", "2", "--servers-per-node", "0"]),
     ("ps_batching.py", 4, 2, []),
+    # Drivers (ranks 0: run directly, not under mpirun): they bring up an emulated
+    # multi-node cluster themselves and report "skipped" without root or ip netns.
+    ("cluster_lm.py", 0, None, []),
+    ("cluster_plan_modes.py", 0, None, []),
 ]
 #: The same, tiny (``--quick``): the smallest layouts that still cross a node.
 QUICK_JOBS = [
@@ -66,6 +75,16 @@ TARGETS = [
      "as 2 nodes", ">=", 3.0),
     ("ratio_offnode_hpcpax_vs_lower_bound", "off-node bytes hpcpax / lower bound, 4 ranks "
      "as 2 nodes", "<=", 1.05),
+    ("cluster_ratio_auto_vs_allgather", "emulated cluster, lm: allgather s/step / auto's, "
+     "worst of 2 and 3 nodes", ">=", 1.5),
+    ("cluster_ratio_auto_vs_torch_ddp", "emulated cluster, lm: torch DDP s/step / auto's",
+     ">=", 2.0),
+    ("cluster_ratio_auto_vs_best_fixed", "emulated cluster, lm: best fixed plan s/step / "
+     "auto's", ">=", 0.9),
+    ("cluster_ratio_step_vs_limit", "emulated cluster, lm: auto s/step / (compute + "
+     "lower-bound off-node bytes / link rate)", "<=", 1.5),
+    ("cluster_plan_modes_ratio_auto_vs_best", "emulated cluster, plan_modes at 0.5/2/10 "
+     "Gbit/s: auto / best fixed samples/s, worst rate", ">=", 0.9),
 ]
 
 NOTES = [
@@ -91,19 +110,27 @@ def threads_for(ranks):
 def run_job(script, ranks, ranks_per_node, extra, quick, timeout):
     """Run one benchmark under mpirun; returns a record (its JSON line, or the error)."""
     env = dict(os.environ)
-    threads = threads_for(ranks)
+    threads = threads_for(max(ranks, 1))
     env.update({"OMP_NUM_THREADS": str(threads), "NUMBA_NUM_THREADS": str(threads),
                 "MKL_NUM_THREADS": str(threads), "PYTHONPATH": ROOT + os.pathsep
                 + env.get("PYTHONPATH", ""), "PYTHONWARNINGS": "ignore"})
     env.pop("HPCPAX_RANKS_PER_NODE", None)
     if ranks_per_node is not None:
         env["HPCPAX_RANKS_PER_NODE"] = str(ranks_per_node)
-    command = ["mpirun", "-n", str(ranks), sys.executable, "-m", "mpi4py",
-               os.path.join(HERE, script)] + extra + (["--quick"] if quick else [])
-    record = {"script": script, "ranks": ranks, "ranks_per_node": ranks_per_node or ranks,
-              "num_nodes": ranks // (ranks_per_node or ranks), "threads_per_rank": threads,
-              "oversubscribed": ranks > CORES, "command": " ".join(command[:3] + [
-                  "python -m mpi4py", f"benchmarks/{script}"] + command[6:])}
+    if ranks == 0:  # a driver that starts its own mpirun jobs (on an emulated cluster)
+        command = [sys.executable, os.path.join(HERE, script)] + extra + (
+            ["--quick"] if quick else [])
+        record = {"script": script, "ranks": 0, "ranks_per_node": None, "num_nodes": None,
+                  "threads_per_rank": 1, "oversubscribed": False,
+                  "command": " ".join(["python", f"benchmarks/{script}"] + command[2:])}
+        timeout = max(timeout, 3600)
+    else:
+        command = ["mpirun", "-n", str(ranks), sys.executable, "-m", "mpi4py",
+                   os.path.join(HERE, script)] + extra + (["--quick"] if quick else [])
+        record = {"script": script, "ranks": ranks, "ranks_per_node": ranks_per_node or ranks,
+                  "num_nodes": ranks // (ranks_per_node or ranks), "threads_per_rank": threads,
+                  "oversubscribed": ranks > CORES, "command": " ".join(command[:3] + [
+                      "python -m mpi4py", f"benchmarks/{script}"] + command[6:])}
     start = time.perf_counter()
     try:
         # mpirun's own timeout kills every rank; the subprocess one is the backstop.
@@ -146,6 +173,8 @@ def headline(records, quick):
     lm = (find(records, "torch_lm.py", ranks, 2 if not quick else 2)
           or find(records, "torch_lm.py", ranks, 1) or {})
     base = find(records, "mpi_baselines.py", ranks, nodes) or {}
+    cluster = find(records, "cluster_lm.py", 0, None) or {}
+    plan_modes = find(records, "cluster_plan_modes.py", 0, None) or {}
     return {
         "headline_layout": f"{ranks} ranks as {nodes} virtual nodes",
         "ratio_torch_sparse_vs_hpcpax": sparse.get("ratio_torch_vs_hpcpax"),
@@ -156,6 +185,10 @@ def headline(records, quick):
         "ratio_offnode_allgather_vs_lower_bound_push": _ratio(
             base.get("sparse_offnode_bytes_per_step_allgatherv"),
             base.get("sparse_offnode_lower_bound_push_per_step")),
+        **{f"cluster_{k}": cluster.get(k) for k in (
+            "ratio_auto_vs_allgather", "ratio_auto_vs_torch_ddp", "ratio_auto_vs_best_fixed",
+            "ratio_step_vs_limit", "offnode_predicted_error", "skipped")},
+        "cluster_plan_modes_ratio_auto_vs_best": plan_modes.get("ratio_auto_vs_best"),
     }
 
 
@@ -197,6 +230,10 @@ TABLE_COLUMNS = {
     "kernels.py": None,
     "sparse_sync.py": None,
     "ps_batching.py": None,
+    "cluster_lm.py": ["ratio_auto_vs_allgather", "ratio_auto_vs_torch_ddp",
+                      "ratio_auto_vs_best_fixed", "ratio_step_vs_limit",
+                      "offnode_bytes_auto", "offnode_bytes_predicted", "skipped"],
+    "cluster_plan_modes.py": ["ratio_auto_vs_best", "skipped"],
 }
 
 

@@ -2,8 +2,9 @@
 
 Layers (``ARCHITECTURE.md``), lowest first: ``ops`` < ``comm`` < ``ps`` <
 ``sync`` < ``plan`` < ``app``. ``data`` and ``models`` serve the application
-and import no layer above ``ops``. ``errors``, ``options`` and ``backend`` are
-the base every layer may use. Every import counts, lazy ones inside functions
+and import no layer above ``ops``; ``cluster`` (the emulated cluster, a tool)
+imports only the base. ``errors``, ``options`` and ``backend`` are the base
+every layer may use. Every import counts, lazy ones inside functions
 included: a lazy import only hides a dependency, it does not remove it.
 """
 
@@ -16,7 +17,8 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "hpcpax"
 LAYERS = {"ops": 0, "comm": 1, "ps": 2, "sync": 3, "plan": 4, "app": 5,
-          "data": 1, "models": 1}
+          "data": 1, "models": 1,
+          "cluster": 0}  # the emulated cluster is a tool beside the library: base only
 BASE = {"errors", "options", "backend"}
 #: Planning maths: pure, no MPI anywhere in them.
 PURE_PLANNING = ["plan.cost_model", "plan.auto", "plan.plan", "plan.partition_search",

@@ -148,7 +148,16 @@ def _link(comm, node_of, want_same_node, budget_s):
         model = fit_link_model(*zip(*good)) if len(good) >= 2 else None
     else:
         model = None
+    _idle_barrier(comm)
     return comm.bcast(model, root=0)
+
+
+def _idle_barrier(comm, nap_s=0.0005):
+    """Barrier that waits without spinning, so ranks left out of a ping-pong do not take
+    the cores of the pair being timed (more ranks than cores: the time would be theirs)."""
+    request = comm.Ibarrier()
+    while not request.Test():
+        time.sleep(nap_s)
 
 
 def _bucketed_allreduce(comm, buf, bucket_elems):

@@ -10,8 +10,8 @@ duplicate of the communicator, what it is doing, waits a short grace period
 for the answers, prints **one** report to stderr and aborts the whole job::
 
     hpcpax watchdog: rank 2 stuck 31.0 s in 'step 17' (HPCPAX_TIMEOUT=30);
-    no answer from ranks [3] (dead or stopped?); ranks [0, 1] in 'step 17';
-    ranks [] behind
+    no answer from ranks [3] (dead or stopped?) on host node2 (unreachable?);
+    ranks [0, 1] in 'step 17'; ranks [] behind
 
 Answers come from the other ranks' threads, so a rank busy in a blocking
 MPI call still answers; a killed or stopped process does not, which is how
@@ -87,6 +87,8 @@ class Watchdog:
         if self.timeout == 0:
             return
         self._comm = comm.Dup()
+        # host of every rank, so that a report names the node a silent rank is on
+        self._hosts = self._comm.allgather(_mpi().Get_processor_name())
         self._query = np.zeros(1, np.int64)
         self._query_request = self._comm.Irecv([self._query, _mpi().INT64_T],
                                                source=_mpi().ANY_SOURCE, tag=_TAG_QUERY)
@@ -167,7 +169,7 @@ class Watchdog:
             time.sleep(0.02)
         stuck = time.monotonic() - started
         self.report = _format_report(self.rank, name, stuck, self.timeout, answers,
-                                     sorted(receives), self.ops_completed)
+                                     sorted(receives), self.ops_completed, self._hosts)
         # Several ranks time out together; the lowest of them that is alive
         # prints, the others only add one short line (1 s slack: they fire
         # one poll apart).
@@ -224,8 +226,8 @@ class Watchdog:
         self.close()
 
 
-def _format_report(rank, name, stuck, timeout, answers, silent, my_ops):
-    """The one-line diagnosis: who is stuck where, who never answered, who is behind."""
+def _format_report(rank, name, stuck, timeout, answers, silent, my_ops, hosts=None):
+    """The one-line diagnosis: who is stuck where, who never answered (where), who is behind."""
     groups, behind = {}, []
     for r, answer in sorted(answers.items()):
         if answer["op"] is None:
@@ -235,6 +237,9 @@ def _format_report(rank, name, stuck, timeout, answers, silent, my_ops):
     parts = [f"hpcpax watchdog: rank {rank} stuck {stuck:.1f} s in {name!r} "
              f"(HPCPAX_TIMEOUT={timeout:g})",
              f"no answer from ranks {silent}" + (" (dead or stopped?)" if silent else "")]
+    if silent and hosts:
+        lost = sorted({hosts[r] for r in silent})
+        parts[-1] += f" on host{'s' if len(lost) > 1 else ''} {', '.join(lost)} (unreachable?)"
     parts += [f"ranks {ranks} in {op!r}" for op, ranks in groups.items()]
     detail = ", ".join(f"rank {r} idle {answers[r]['seconds']:.1f} s after "
                        f"{answers[r]['last']!r} ({answers[r]['ops']} ops, mine {my_ops})"

@@ -1,0 +1,264 @@
+"""One round of ``cluster_lm.py`` on the emulated cluster (run under ``mpirun``; not standalone).
+
+Trains the same LM-1B-shaped model with each method in ``--methods`` order
+(``Trainer`` runs in this one job, so start-up costs are paid once). The
+``torch`` method is PyTorch DDP (gloo, ``nn.Embedding(sparse=True)``,
+:mod:`torch_lm`'s model) on the same batches and sampled ids: its steps run
+as hooks of a PS run whose own figures are dropped (timed alone, after a
+barrier). Every rank is a worker hosting partitions
+(``servers_per_node=0``), as DDP's workers.
+
+Measured per method over the timed steps (after the plan and warm-up):
+step seconds (slowest rank), bytes from the accounting (hpcpax) and bytes
+on each node's ``eth0`` (wire bytes with headers, read from
+``/proc/net/dev`` inside the node by its first rank, so torch's bytes are
+measured too, not computed). After the ``auto`` run: the off-node bytes the
+cost model's byte terms predict for its plan from the alphas of the very
+same steps (``hpcpax/plan/cost_model.py`` documents the terms and has no
+bytes function; this mirrors them), and the exact lower bound (each node's
+unique rows owned by another node, pushed and pulled once).
+
+Rank 0 prints one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+
+import numpy as np
+from mpi4py import MPI
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import _common  # noqa: E402
+
+INDEX_BYTES = 8
+
+
+def wire_bytes():
+    """Bytes sent on this node's eth0 so far (this network namespace's /proc/net/dev)."""
+    with open("/proc/net/dev") as handle:
+        for line in handle:
+            name, _, rest = line.partition(":")
+            if name.strip() == "eth0":
+                return int(rest.split()[8])
+    return 0
+
+
+class WireMeter:
+    """Per-step bytes on each node's link; the node's first rank reads, rank 0 sums."""
+
+    def __init__(self, comm, is_leader):
+        self.comm, self.is_leader = comm, is_leader
+        self.marks = []
+
+    def mark(self, trainer=None, step=None):
+        self.comm.Barrier()
+        self.marks.append(wire_bytes() if self.is_leader else 0)
+
+    def deltas(self, every=1, offset=0):
+        """Summed over nodes: bytes between mark i and i+1, for i = offset, offset+every, ..."""
+        marks = np.array(self.comm.allreduce(np.array(self.marks, np.int64), op=MPI.SUM))
+        return [int(marks[i + 1] - marks[i]) for i in range(offset, len(marks) - 1, every)]
+
+
+def lm_config(args, method, run_dir):
+    return {"model": "lm", "vocab_size": args.vocab_size, "context": args.context,
+            "emb_dim": args.emb_dim, "hidden": [args.hidden], "out_dim": args.out_dim,
+            "num_sampled": args.num_sampled, "global_batch": args.global_batch,
+            "steps": args.steps, "plan": method, "plan_steps": args.plan_steps,
+            "servers_per_node": 0, "optimizer": "sgd", "lr": 0.05, "sparse_optimizer": "sgd",
+            "sparse_lr": 0.1, "synthetic_samples": max(200_000, 8 * args.global_batch * 4),
+            "run_dir": run_dir, "quiet": True}
+
+
+def timed(records, args):
+    return [r for r in records if "loss" in r and r["step"] > args.plan_steps + args.warmup]
+
+
+def read_run(run_dir, args):
+    records = [json.loads(t) for t in open(os.path.join(run_dir, "metrics.jsonl"))]
+    rows = timed(records, args)
+    comm_phases = ("pull", "push", "dense", "allgather", "dense_sparse")
+    return {
+        "seconds_per_step": _common.median([r["seconds"] for r in rows]),
+        "seconds_per_step_all": [r["seconds"] for r in rows],
+        "samples_per_s": args.global_batch / _common.median([r["seconds"] for r in rows]),
+        "compute_seconds": _common.median([sum(v for k, v in r["time"].items()
+                                               if k not in comm_phases) for r in rows]),
+        "seconds_by_phase": {p: _common.median([r["time"][p] for r in rows])
+                             for p in rows[0]["time"]},
+        "offnode_bytes_per_step": float(np.mean([sum(b.get("sent_inter", 0) for b in
+                                                     r["bytes"].values()) for r in rows])),
+        "bytes_per_step": float(np.mean([sum(b.get("sent", 0) for b in r["bytes"].values())
+                                         for r in rows])),
+        "final_loss": rows[-1]["loss"],
+        "steps_timed": [rows[0]["step"], rows[-1]["step"]],
+    }
+
+
+def plan_methods(run_dir):
+    plan = json.load(open(os.path.join(run_dir, "plan.json")))
+    entries = plan.get("variables", plan)
+    if isinstance(entries, dict):
+        entries = [{"name": k, **v} for k, v in entries.items()]
+    return plan, {e["name"]: e for e in entries}
+
+
+def predicted_bytes(trainer, plan_entries, args):
+    """Cost-model byte terms and the exact lower bound, per timed step (rank 0's view)."""
+    from hpcpax.comm.accounting import ring_allreduce_bytes
+
+    topo, model, reader = trainer.topology, trainer.model, trainer.reader
+    workers = list(topo.worker_ranks)
+    node_of = np.asarray(topo.node_of)
+    nodes = int(node_of.max()) + 1
+    share = (nodes - 1) / nodes
+    specs = {s.name: s for s in model.sparse_specs()}
+    dense_bytes = sum(int(np.prod(shape)) * 4 for shape in model.dense_shapes().values())
+    dense = sum(ring_allreduce_bytes(node_of, workers, r, dense_bytes)[2] for r in workers)
+    predicted, bound = [], []
+    for step in range(args.plan_steps + args.warmup + 1, args.steps + 1):
+        ids = [model.sparse_ids(reader.batch(step - 1, args.global_batch, w, len(workers)), step)
+               for w in range(len(workers))]
+        total_predicted, total_bound = float(dense), float(dense)
+        for name, spec in specs.items():
+            entry = plan_entries[name]
+            row = INDEX_BYTES + spec.dim * 4
+            per_worker = [np.unique(np.asarray(i[name]).ravel()) for i in ids]
+            per_node = [np.unique(np.concatenate([per_worker[i] for i, w in enumerate(workers)
+                                                  if node_of[w] == n])) for n in range(nodes)]
+            owners = entry.get("owners") or workers
+            parts = int(entry.get("partitions") or len(owners))
+            for n, unique in enumerate(per_node):
+                owner_node = node_of[np.asarray(owners)[unique % parts]]
+                total_bound += 2 * row * int(np.count_nonzero(owner_node != n))
+            method = entry["method"]
+            if method == "ps" and entry.get("local_aggregation", True):
+                total_predicted += sum(2 * row * len(u) * share for u in per_node)
+            elif method == "ps":
+                total_predicted += sum(2 * row * len(u) * share for u in per_worker)
+            elif method == "allgather":
+                for i, w in enumerate(workers):
+                    remote = sum(1 for v in workers if node_of[v] != node_of[w])
+                    total_predicted += row * len(per_worker[i]) * remote
+            else:  # densified allreduce
+                table = spec.rows * spec.dim * 4
+                total_predicted += sum(ring_allreduce_bytes(node_of, workers, r, table)[2]
+                                       for r in workers)
+        predicted.append(total_predicted)
+        bound.append(total_bound)
+    return float(np.mean(predicted)), float(np.mean(bound))
+
+
+def run_torch_setup(args, comm):
+    import torch
+    import torch.distributed as dist
+
+    import hpcpax
+    import torch_lm
+
+    torch.set_num_threads(1)
+    topo = hpcpax.init(servers_per_node=0)
+    node_of = topo.node_of.copy()
+    topo.free()
+    master = comm.bcast(_eth0_address() if comm.Get_rank() == 0 else None)
+    port = comm.bcast(_common.free_port() if comm.Get_rank() == 0 else None)
+    dist.init_process_group("gloo", init_method=f"tcp://{master}:{port}",
+                            rank=comm.Get_rank(), world_size=comm.Get_size())
+    sizes = {"vocab_size": args.vocab_size, "context": args.context, "emb_dim": args.emb_dim,
+             "hidden": [args.hidden], "out_dim": args.out_dim, "num_sampled": args.num_sampled,
+             "global_batch": args.global_batch}
+    return torch_lm.TorchSide(torch, dist, sizes, 0, node_of), dist
+
+
+def _eth0_address():
+    import socket
+
+    return socket.gethostbyname(socket.gethostname())
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    for flag, default in (("vocab-size", 400_000), ("context", 4), ("emb-dim", 128),
+                          ("hidden", 256), ("out-dim", 128), ("num-sampled", 4096),
+                          ("global-batch", 1152), ("steps", 20), ("plan-steps", 5),
+                          ("warmup", 2)):
+        parser.add_argument(f"--{flag}", type=int, default=default)
+    parser.add_argument("--methods", default="auto,allgather,ps,torch")
+    args = parser.parse_args()
+    from hpcpax.app.trainer import Trainer
+
+    comm = MPI.COMM_WORLD
+    local = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    meter = WireMeter(comm, local.Get_rank() == 0)
+    methods = args.methods.split(",")
+    torch_side = dist = None
+    if "torch" in methods:
+        torch_side, dist = run_torch_setup(args, comm)
+    out = {"nodes": int(comm.allreduce(1 if local.Get_rank() == 0 else 0)),
+           "ranks": comm.Get_size(), "order": methods, "methods": {}}
+    scratch = comm.bcast(tempfile.mkdtemp(prefix="hpcpax-cluster-lm-") if comm.Get_rank() == 0
+                         else None)
+    for method in methods:
+        run_dir = os.path.join(scratch, method)
+        with_torch = method == "torch"
+        hooks = [meter.mark] + ([torch_side.step, meter.mark] if with_torch else [])
+        meter.marks = []
+        meter.mark()
+        # torch runs alone too: its steps ride on a PS run only for its batches and
+        # sampled ids, and that run's own figures are dropped
+        trainer = Trainer(lm_config(args, "ps" if with_torch else method, run_dir), comm=comm,
+                          hooks=hooks)
+        start = time.perf_counter()
+        trainer.run()
+        wall = time.perf_counter() - start
+        first = args.plan_steps + args.warmup  # marks: 0 before step 1, then after each step
+        if with_torch:
+            torch_wire = meter.deltas(2, offset=2 * first + 1)
+            seconds = torch_side.seconds[first:]  # already the slowest worker's, each step
+            if comm.Get_rank() == 0:
+                out["methods"]["torch"] = {
+                    "seconds_per_step": _common.median(seconds),
+                    "seconds_per_step_all": [float(s) for s in seconds],
+                    "samples_per_s": args.global_batch / _common.median(seconds),
+                    "wire_bytes_per_step": float(np.mean(torch_wire)),
+                    "compute_seconds": _common.median(torch_side.compute_seconds[first:]),
+                    "layout": "DDP over gloo (TCP over eth0 between nodes), "
+                              "nn.Embedding(sparse=True): sparse grads allgathered",
+                }
+            torch_side.seconds, torch_side.compute_seconds = [], []
+            comm.Barrier()
+            continue
+        hp_wire = meter.deltas(1, offset=first)
+        if comm.Get_rank() == 0:
+            result = read_run(run_dir, args)
+            result["wire_bytes_per_step"] = float(np.mean(hp_wire)) if hp_wire else None
+            result["wall_seconds"] = wall
+            plan, entries = plan_methods(run_dir)
+            result["plan"] = {n: e.get("method") for n, e in entries.items()
+                              if e.get("kind", "sparse") == "sparse"}
+            if method == "auto":
+                result["fabric"] = plan.get("fabric")
+                result["measurements"] = plan.get("measurements")
+                result["predicted_s"] = {n: e.get("predicted_s") for n, e in entries.items()}
+                predicted, bound = predicted_bytes(trainer, entries, args)
+                result["offnode_bytes_predicted"] = predicted
+                out["lower_bound_offnode_bytes"] = bound
+            out["methods"][method] = result
+        comm.Barrier()
+    if dist is not None:
+        dist.destroy_process_group()
+    if comm.Get_rank() == 0:
+        shutil.rmtree(scratch, ignore_errors=True)
+        print(json.dumps(out), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,147 @@
+"""Multi-node Slurm on the emulated cluster: ``jobscripts/multi_node.sbatch`` COMPLETES.
+
+One slurmd per node namespace (``hpx1..3``, partition ``cluster`` of the
+slurm.conf that ``.ci/slurm_up.sh`` writes); the single-node ``vm`` node and
+its partition are untouched. The job is rendered once and submitted with
+``sbatch -N 2`` and ``-N 3`` at the same time (the nodes are shared, as the
+host node is); each run saw that many nodes and counted inter-node bytes,
+and at least those bytes crossed the veth links (the nodes' slurmd gives
+every task the cluster's transport settings).
+"""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import ROOT, TINY, cluster_skip_reason
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slurm]
+
+SLURM_PREFIX = "hpx"
+NODES = 3
+
+
+def _slurm_skip_reason():
+    if shutil.which("sbatch") is None or shutil.which("sinfo") is None:
+        return "no Slurm client here (.ci/slurm_up.sh installs and starts one)"
+    try:
+        out = subprocess.run(["sinfo", "-h", "-p", "cluster", "-o", "%D"], capture_output=True,
+                             text=True, timeout=15)
+    except (OSError, subprocess.TimeoutExpired):
+        return "Slurm does not answer"
+    if out.returncode != 0 or not out.stdout.strip():
+        return "Slurm has no partition 'cluster' (rerun .ci/slurm_up.sh)"
+    if int(out.stdout.split()[0]) < NODES:
+        return f"partition 'cluster' has fewer than {NODES} nodes"
+    return None
+
+
+@pytest.fixture(scope="module")
+def slurm_cluster():
+    """The ``hpx`` cluster with a slurmd per node; torn down after the module (if we built it)."""
+    reason = cluster_skip_reason() or _slurm_skip_reason()
+    if reason:
+        pytest.skip(f"multi-node Slurm unavailable: {reason}")
+    from hpcpax import cluster as emu
+
+    spec = emu.running(SLURM_PREFIX)
+    built = spec is None or spec.nodes < NODES or not spec.extra.get("slurm_partition")
+    if built:
+        emu.down(SLURM_PREFIX, log=lambda text: None)
+    try:
+        if built:
+            spec = emu.up(NODES, rate="2gbit", prefix=SLURM_PREFIX, slurm=True)
+        yield spec
+    finally:
+        if built:
+            emu.down(SLURM_PREFIX, log=lambda text: None)
+
+
+def _render(tmp_path):
+    venv = os.path.dirname(os.path.dirname(sys.executable))
+    script = tmp_path / "job.sbatch"
+    subprocess.run([sys.executable, "-m", "hpcpax.jobscript", "multi_node", "--job-name",
+                    "hpcpax-cluster-test", "--nodes", "2", "--ntasks-per-node", "2",
+                    "--time", "00:05:00", "--partition", "cluster", "--signal-seconds", "30",
+                    "--activate", f"source '{venv}/bin/activate'",
+                    "--train-args", " ".join(TINY + ["--steps", "5"]),
+                    "--checkpoint-every", "0", "--run-dir", "$HPCPAX_TEST_RUN_DIR",
+                    "-o", str(script)], check=True, cwd=ROOT, timeout=60)
+    return script
+
+
+FINAL = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
+         "BOOT_FAIL", "DEADLINE", "PREEMPTED")
+
+
+def _job(job_id):
+    line = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True,
+                          text=True, timeout=15).stdout
+    return dict(w.split("=", 1) for w in line.split() if "=" in w)
+
+
+@pytest.fixture(scope="module")
+def jobs(slurm_cluster, tmp_path_factory):
+    """The template submitted with -N 2 and -N 3 at once (polled, not ``sbatch --wait``)."""
+    from hpcpax.cluster import link_counters
+
+    tmp = tmp_path_factory.mktemp("multi_node")
+    script = _render(tmp)
+    before = link_counters(slurm_cluster)
+    submitted = {}
+    for nodes in (2, 3):
+        run_dir = tmp / f"run{nodes}"
+        result = subprocess.run(["sbatch", "--parsable", "-N", str(nodes), "--chdir", str(ROOT),
+                                 "--output", str(tmp / f"slurm-{nodes}.out"),
+                                 "--export", f"ALL,HPCPAX_TEST_RUN_DIR={run_dir}", str(script)],
+                                capture_output=True, text=True, timeout=30)
+        assert result.returncode == 0, result.stderr
+        submitted[nodes] = (result.stdout.strip().split(";")[0], run_dir)
+    states = {}
+    deadline = time.monotonic() + 200
+    try:
+        while time.monotonic() < deadline and len(states) < len(submitted):
+            for nodes, (job_id, _) in submitted.items():
+                fields = _job(job_id)
+                if fields.get("JobState") in FINAL:
+                    states[nodes] = fields
+            time.sleep(0.5)
+    finally:
+        for nodes, (job_id, _) in submitted.items():
+            if nodes not in states:
+                subprocess.run(["scancel", job_id], timeout=30)
+    after = link_counters(slurm_cluster)
+    moved = {n: after[n]["sent"] - before[n]["sent"] for n in slurm_cluster.node_names}
+    return {"states": states, "submitted": submitted, "moved": moved, "tmp": tmp}
+
+
+@pytest.mark.timeout(260)
+@pytest.mark.parametrize("nodes", [2, 3])
+def test_multi_node_job_completes_across_the_emulated_nodes(jobs, nodes):
+    job_id, run_dir = jobs["submitted"][nodes]
+    output = (jobs["tmp"] / f"slurm-{nodes}.out")
+    output = output.read_text(errors="replace") if output.exists() else ""
+    fields = jobs["states"].get(nodes)
+    assert fields, f"job {job_id} (-N {nodes}) did not finish in time: {output[-3000:]}"
+    assert fields["JobState"] == "COMPLETED" and fields["ExitCode"] == "0:0", \
+        (fields["JobState"], fields["ExitCode"], output[-3000:])
+    assert f"on {nodes} nodes" in output
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["steps_run"] == 5
+    assert summary["topology"]["num_nodes"] == nodes
+    assert summary["topology"]["size"] == 2 * nodes
+    assert summary["total"]["sent_inter_bytes"] > 0
+    # both jobs' off-node bytes (and more: headers, set-up) crossed the veth links
+    inter = [json.loads((d / "summary.json").read_text())["total"]["sent_inter_bytes"]
+             for _, d in jobs["submitted"].values() if (d / "summary.json").exists()]
+    assert sum(jobs["moved"].values()) >= sum(inter), (jobs["moved"], inter)
+    assert all(jobs["moved"][n] > 0 for n in jobs["moved"])
+    # the single-node partition and its node are still there and usable
+    vm = subprocess.run(["sinfo", "-h", "-p", "debug", "-o", "%T"], capture_output=True,
+                        text=True, timeout=15).stdout.split()
+    assert vm and all(s.rstrip("*") in ("idle", "mixed", "allocated", "completing") for s in vm)
