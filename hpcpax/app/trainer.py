@@ -31,7 +31,7 @@ from ..comm.agreement import check_same
 from ..comm.watchdog import Watchdog
 from ..options import parse_bytes
 from ..plan.controller import PlanController
-from . import build
+from . import build, relaxed_run
 from . import checkpoint as ckpt
 from .checkpointing import RunCheckpoints
 from .commands import CommandChannel
@@ -78,6 +78,8 @@ class Trainer:
         self.is_leader = False
         self.stopped = False
         self._bar = None
+        #: Fields added to ``summary.json`` (the relaxed run's consistency figures).
+        self.summary_extra = {}
 
     # ---------------------------------------------------------------- output
     def log(self, text, everyone=False, important=False) -> None:
@@ -144,6 +146,10 @@ class Trainer:
             self.write_plan()
         with setup("set-up: data"):
             self.reader = build.open_data(config, self.model)
+        if self.relaxed is not None:  # --consistency ssp|asp|psp: hpcpax.app.relaxed_run
+            return self.relaxed.run(wall_start, lambda after: MetricsWriter(
+                os.path.join(self.run_dir, "metrics.jsonl"), self.is_leader,
+                truncate_after=after), PreemptionHandler)
         start_step = self._resume() if config["resume"] else 1
         if self.is_leader and not config["quiet"]:
             print(build.config_lines(topo, self.run_dir, self.model, config,
@@ -173,6 +179,7 @@ class Trainer:
         self.model = build.build_model(config)
         specs = build.sparse_specs(self.model, config)
         spec = config["plan"] if self._plan_override is None else self._plan_override
+        spec = relaxed_run.plan_under(config, spec)
         mode, requests = build.plan_requests(spec, [s.name for s in specs])
         self.ps = ParameterServer(topo, local_aggregation=config["local_aggregation"],
                                   seed=config["seed"])
@@ -187,6 +194,7 @@ class Trainer:
         self.planning.measure_fabric()
         self.commands = CommandChannel(topo, self.ps, {
             "save": self._save, "load": self._load, "switch": self.sync.switch})
+        self.relaxed = relaxed_run.setup(self)  # stragglers; the relaxed server if asked
         if topo.rank == 0:
             write_json(os.path.join(self.run_dir, "config.json"),
                        {**config, "model_config": self.model.config(),
@@ -259,6 +267,8 @@ class Trainer:
         local_batch = len(next(iter(batch.values())))
         # Mean over the global batch even for uneven shards; exactly 1 for even ones.
         scale = local_batch * self.topology.num_workers / self.config["global_batch"]
+        lap("compute")
+        self.stragglers.delay(step, times["compute"])
         lap("compute")
         self.sync.push({name: (indices, values * scale if scale != 1 else values)
                         for name, (indices, values) in result.sparse_grads.items()})
@@ -385,6 +395,7 @@ class Trainer:
                      everyone=True)
             return {"rank": topo.rank, "role": topo.role}
         self._bar.close()
+        summary.update(self.summary_extra)
         write_json(os.path.join(self.run_dir, "summary.json"), summary)
         if not self.config["quiet"]:
             print(summary_line(summary, self.run_dir), flush=True)
