@@ -163,15 +163,14 @@ class RelaxedRun:
     def _train(self, clock, metrics, preemption):
         t = self.trainer
         topo, config = t.topology, t.config
-        from mpi4py import MPI
-
         budget = None if self.relaxed.default.bounded else config["steps"] * topo.num_workers
-        seconds, preempted = 0.0, False
+        seconds, stopped = 0.0, False
         clocks = topo.workers.allgather(clock)
-        while not self._finished(clocks):
+        while not (stopped or self._finished(clocks)):
             began = time.perf_counter()
             self.phase += 1
-            t.commands.run("relaxed", phase=self.phase, clocks=clocks, budget=budget)
+            with t.watchdog.guard(f"relaxed phase {self.phase}: start at step {clock + 1}"):
+                t.commands.run("relaxed", phase=self.phase, clocks=clocks, budget=budget)
             stop = self._static_stop(clock)
             while True:
                 with t.watchdog.guard(f"step {clock + 1}"):
@@ -183,25 +182,36 @@ class RelaxedRun:
                     hook(t, clock)
             self.relaxed.end()
             seconds += time.perf_counter() - began
-            clocks = topo.workers.allgather(clock)
-            signalled = topo.workers.allreduce(bool(preemption.requested), op=MPI.LOR)
-            finished = self._finished(clocks)
-            self._flush(metrics, clocks, final=finished or signalled)
-            common = clocks[0] if len(set(clocks)) == 1 else None
-            every = config["eval_every"]
-            if every and common is not None and (common % every == 0 or finished):
-                t.commands.run("relaxed_fetch_dense")
-                metrics.write({"step": common, "eval": t.evaluate(common)})
-            if signalled:
-                t.log(f"preemption signal: checkpoint at steps {clocks}, then exit",
-                      important=True)
-                self._save(clocks)
-                preempted = True
-                break
-            every = config["checkpoint_every"]
-            if every and (finished or (common is not None and common % every == 0)):
-                self._save(clocks)
-        return clock, seconds, preempted
+            with t.watchdog.guard(f"relaxed barrier after step {clock}"):
+                clocks, stopped = self._barrier(clock, metrics, preemption)
+        return clock, seconds, stopped
+
+    def _barrier(self, clock, metrics, preemption):
+        """Between phases (every rank together): metrics, evaluation, checkpoint.
+
+        Returns ``(every worker's step, whether a preemption stops the run)``.
+        """
+        from mpi4py import MPI
+
+        t = self.trainer
+        topo, config = t.topology, t.config
+        clocks = topo.workers.allgather(clock)
+        signalled = topo.workers.allreduce(bool(preemption.requested), op=MPI.LOR)
+        finished = self._finished(clocks)
+        self._flush(metrics, clocks, final=finished or signalled)
+        common = clocks[0] if len(set(clocks)) == 1 else None
+        every = config["eval_every"]
+        if every and common is not None and (common % every == 0 or finished):
+            t.commands.run("relaxed_fetch_dense")
+            metrics.write({"step": common, "eval": t.evaluate(common)})
+        if signalled:
+            t.log(f"preemption signal: checkpoint at steps {clocks}, then exit", important=True)
+            self._save(clocks)
+            return clocks, True
+        every = config["checkpoint_every"]
+        if every and (finished or (common is not None and common % every == 0)):
+            self._save(clocks)
+        return clocks, False
 
     def _save(self, clocks) -> str:
         t = self.trainer
