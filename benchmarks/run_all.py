@@ -43,6 +43,7 @@ FULL_JOBS = [
     ("kernels.py", 1, None, []),
     ("sparse_sync.py", 4, None, ["--ranks-per-node", "2", "--servers-per-node", "0"]),
     ("ps_batching.py", 4, 2, []),
+    ("stragglers.py", 4, None, []),
 ]
 #: The same, tiny (``--quick``): the smallest layouts that still cross a node.
 QUICK_JOBS = [
@@ -54,6 +55,7 @@ QUICK_JOBS = [
     ("kernels.py", 1, None, []),
     ("sparse_sync.py", 2, None, ["--ranks-per-node", "1", "--servers-per-node", "0"]),
     ("ps_batching.py", 2, 1, []),
+    ("stragglers.py", 3, None, []),
 ]
 
 TARGETS = [
@@ -66,6 +68,11 @@ TARGETS = [
      "as 2 nodes", ">=", 3.0),
     ("ratio_offnode_hpcpax_vs_lower_bound", "off-node bytes hpcpax / lower bound, 4 ranks "
      "as 2 nodes", "<=", 1.05),
+    ("ratio_ssp_vs_bsp_transient", "samples/s ssp:3 / bsp, every worker stalls 5x on 5 % of "
+     "steps, 1 server + 3 workers", ">=", 1.3),
+    ("ratio_asp_vs_bsp_persistent", "samples/s asp / bsp, one worker 2x slower", ">=", 1.5),
+    ("overhead_relaxed_no_straggler", "samples/s bsp / ssp:3 without stragglers", "<=", 1.05),
+    ("loss_gap_ssp", "relative training-loss gap ssp:3 vs bsp, same samples", "<=", 0.02),
 ]
 
 NOTES = [
@@ -81,6 +88,9 @@ NOTES = [
     "node, x (8 + 4 dim) for the push and the same for the pull (ids out, rows back).",
     "hpcpax's sparse sync time holds the pull and the owner-side optimizer update; torch's "
     "sync-only time holds neither (a replica needs no pull).",
+    "stragglers.py: 1 parameter server + 3 workers (quick: + 2) on one node; a straggler "
+    "sleeps (FACTOR - 1) x its compute time (no CPU); bsp and the relaxed model interleaved, "
+    "median of the rounds' ratios.",
 ]
 
 
@@ -146,7 +156,12 @@ def headline(records, quick):
     lm = (find(records, "torch_lm.py", ranks, 2 if not quick else 2)
           or find(records, "torch_lm.py", ranks, 1) or {})
     base = find(records, "mpi_baselines.py", ranks, nodes) or {}
+    stragglers = find(records, "stragglers.py", 3 if quick else 4, 1) or {}
     return {
+        **{key: stragglers.get(key) for key in (
+            "ratio_ssp_vs_bsp_transient", "ratio_asp_vs_bsp_persistent",
+            "overhead_relaxed_no_straggler", "loss_gap_ssp", "max_observed_staleness",
+            "staleness_bound")},
         "headline_layout": f"{ranks} ranks as {nodes} virtual nodes",
         "ratio_torch_sparse_vs_hpcpax": sparse.get("ratio_torch_vs_hpcpax"),
         "ratio_hpcpax_vs_torch_ddp_lm": lm.get("ratio_hpcpax_vs_torch_ddp"),
@@ -197,6 +212,9 @@ TABLE_COLUMNS = {
     "kernels.py": None,
     "sparse_sync.py": None,
     "ps_batching.py": None,
+    "stragglers.py": ["ratio_ssp_vs_bsp_transient", "ratio_asp_vs_bsp_persistent",
+                      "overhead_relaxed_no_straggler", "loss_gap_ssp", "max_observed_staleness",
+                      "staleness_bound"],
 }
 
 

@@ -24,6 +24,7 @@ the servers' staleness records and their busy/idle/CPU seconds.
 
 from __future__ import annotations
 
+import os
 import time
 
 import numpy as np
@@ -33,7 +34,8 @@ from ..ps.relaxed import RelaxedParameterServer
 from ..ps.relaxed_client import NO_STOP
 from ..sync.relaxed import RelaxedSync
 from . import checkpoint as ckpt
-from .metrics import json_safe
+from .metrics import MetricsWriter, json_safe
+from .preemption import PreemptionHandler
 from .stragglers import Stragglers
 
 __all__ = ["setup", "plan_under", "RelaxedRun"]
@@ -86,7 +88,7 @@ class RelaxedRun:
         self.samples = 0
 
     # ------------------------------------------------------------------ run
-    def run(self, wall_start, metrics_factory, preemption_factory) -> dict:
+    def run(self, wall_start) -> dict:
         """Train (workers); **collective** over the workers, the servers following."""
         t = self.trainer
         topo, config = t.topology, t.config
@@ -107,9 +109,10 @@ class RelaxedRun:
 
         steps_shown = config["steps"]
         t._bar = ProgressBar(steps_shown, clock, t.is_leader and not config["quiet"])
-        metrics = metrics_factory(start_step - 1)
+        metrics = MetricsWriter(os.path.join(t.run_dir, "metrics.jsonl"), t.is_leader,
+                                truncate_after=start_step - 1)
         try:
-            with preemption_factory() as preemption:
+            with PreemptionHandler() as preemption:
                 clock, seconds, preempted = self._train(clock, metrics, preemption)
         finally:
             metrics.close()
@@ -123,7 +126,8 @@ class RelaxedRun:
             t.parameters = t._read_parameters()
         t.commands.run("stop")
         t.summary_extra = json_safe({
-            "consistency": config["consistency"], "consistency_groups": config["consistency_groups"],
+            "consistency": config["consistency"],
+            "consistency_groups": config["consistency_groups"],
             "guarantee": self.relaxed.default.guarantee, "worker_steps": clocks,
             "samples": samples, "mean_samples_per_s": samples / seconds if seconds else None,
             "staleness": staleness, "servers": servers})

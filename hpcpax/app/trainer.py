@@ -78,8 +78,7 @@ class Trainer:
         self.is_leader = False
         self.stopped = False
         self._bar = None
-        #: Fields added to ``summary.json`` (the relaxed run's consistency figures).
-        self.summary_extra = {}
+        self.summary_extra = {}  # fields added to summary.json (a relaxed run's figures)
 
     # ---------------------------------------------------------------- output
     def log(self, text, everyone=False, important=False) -> None:
@@ -147,9 +146,7 @@ class Trainer:
         with setup("set-up: data"):
             self.reader = build.open_data(config, self.model)
         if self.relaxed is not None:  # --consistency ssp|asp|psp: hpcpax.app.relaxed_run
-            return self.relaxed.run(wall_start, lambda after: MetricsWriter(
-                os.path.join(self.run_dir, "metrics.jsonl"), self.is_leader,
-                truncate_after=after), PreemptionHandler)
+            return self.relaxed.run(wall_start)
         start_step = self._resume() if config["resume"] else 1
         if self.is_leader and not config["quiet"]:
             print(build.config_lines(topo, self.run_dir, self.model, config,

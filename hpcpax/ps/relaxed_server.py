@@ -280,10 +280,10 @@ class RelaxedServer:
 
     # --------------------------------------------------------- drain and stop
     def _drain(self, source, clock) -> None:
-        if clock != self.clocks.clock_of_worker(source):
+        pushed = self.clocks.clock_of_worker(source)
+        if clock != pushed:
             raise RuntimeError(f"relaxed PS: rank {source} drained at clock {clock}, but "
-                               f"rank {self.topology.rank} has {self.clocks.clock_of_worker(source)} "
-                               "of its pushes")
+                               f"rank {self.topology.rank} has {pushed} of its pushes")
         self.drained.add(source)
         self._send(source, wire.control(wire.DRAINED, self.phase, clock), wire.TAG_CONTROL)
         group = self.groups.group_of[source]

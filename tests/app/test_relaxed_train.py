@@ -96,7 +96,8 @@ def test_asp_preempted_on_one_worker_checkpoints_and_resumes(comm, tmp_path, all
     second = run(comm, steps=steps, consistency="asp", resume=True, run_dir=run_dir)[2]
     workers = comm.size - 1
     ok = (first["preempted"] and meta.get("worker_steps") == first["worker_steps"]
-          and meta["step"] == min(first["worker_steps"]) and sum(first["worker_steps"]) < steps * workers
+          and meta["step"] == min(first["worker_steps"])
+          and sum(first["worker_steps"]) < steps * workers
           and not second["preempted"] and sum(second["worker_steps"]) >= steps * workers
           and all(b >= a for a, b in zip(first["worker_steps"], second["worker_steps"])))
     assert all_ok(ok), (first, meta, second)

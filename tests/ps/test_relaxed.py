@@ -223,9 +223,10 @@ def test_staleness_bound_holds_under_random_delays(all_ok, consistency, bound):
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("consistency", ["asp", "psp:1,0", "ssp:1"])
 def test_a_slow_worker_holds_nobody_under_asp_and_psp(all_ok, consistency):
-    """The first worker sleeps 50 ms a step, the others 1 ms. Workers step until the coordinator stops the
-    run after ``budget`` worker-steps: asp and psp never deadlock, asp's fast workers
-    run ahead, ssp:1 stops every worker at the same step; every push is applied once."""
+    """The first worker sleeps 50 ms a step, the others 1 ms. Workers step until the
+    coordinator stops the run after ``budget`` worker-steps: asp and psp never
+    deadlock, asp's fast workers run ahead, ssp:1 stops every worker at the same
+    step; every push is applied once."""
     topo = hpcpax.init()
     ps, relaxed = relaxed_job(topo, consistency)
     budget = 40 * topo.num_workers
