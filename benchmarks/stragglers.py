@@ -96,12 +96,15 @@ def main():
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--lr", type=float, default=0.001, help="dense Adam learning rate "
                         "(the trainer's default 0.003 is unstable under ssp:3 staleness here)")
+    parser.add_argument("--global-batch", type=int, default=MODEL["global_batch"])
     parser.add_argument("--quick", action="store_true")
     args = parser.parse_args()
     base = dict(MODEL)
     if args.quick:
         base, args.steps, args.rounds = dict(QUICK), 12, 1
     base["lr"] = args.lr
+    if not args.quick:
+        base["global_batch"] = args.global_batch
     comm = MPI.COMM_WORLD
     size = comm.Get_size()
     if size < 3:
