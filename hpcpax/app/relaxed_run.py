@@ -7,8 +7,8 @@ job. A phase ends, and every rank meets in the trainer's command channel,
 when a checkpoint or evaluation is due (every worker stops at the same step
 for those), when the run is over, or when a preemption signal reached a
 worker (the first server then agrees a stop step with every group:
-``ssp`` workers all stop at the same step, ``asp``/``psp`` workers where
-they are). At the barrier every push has been applied exactly once and
+``asp`` workers stop where they are, ``ssp`` and ``psp`` workers all at the
+highest step). At the barrier every push has been applied exactly once and
 nothing is in flight, so the checkpoint holds everything, and holds every
 worker's step for a resume.
 

@@ -146,7 +146,12 @@ class RelaxedParameterServer:
         return self.client.boundary(static_stop, preempted)
 
     def end(self) -> None:
-        """End this worker's phase (drain). Local; the phase ends when every worker did."""
+        """End this worker's phase (drain). Local; the phase ends when every worker did.
+
+        Under ``ssp``/``psp`` a worker still waiting in a pull needs the others
+        to reach its bound first: end every worker at the same clock, or stop
+        them with :meth:`boundary`, which agrees the stop clocks.
+        """
         self.client.drain()
         self.in_phase = False
 

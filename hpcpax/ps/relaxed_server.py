@@ -18,7 +18,9 @@ server uses almost no CPU), and:
 
 The first server also coordinates stops (preemption, and the end of an
 ``asp``/``psp`` run after the job's worker-steps): it asks every group's
-leader for its clock and tells each where to stop (:mod:`hpcpax.ps.relaxed`).
+leader for its clock and tells each where to stop: ``asp`` workers where
+they are, the others all at the highest clock (an ``ssp`` clock must be
+complete, a ``psp`` pull may wait for a peer to get there).
 
 A watchdog guard names the worker a server has waited for longest when it
 has been silent for ``HPCPAX_TIMEOUT`` seconds.
@@ -70,7 +72,8 @@ class RelaxedServer:
         #: ``{str(consistency): StalenessLog}`` over every phase.
         self.logs = {}
         self.stats = {"pushes": 0, "pulls": 0, "phases": 0, "busy_seconds": 0.0,
-                      "idle_seconds": 0.0, "cpu_seconds": 0.0, "sleeps": 0}
+                      "idle_seconds": 0.0, "cpu_seconds": 0.0, "phase_seconds": 0.0,
+                      "sleeps": 0}
 
     # ----------------------------------------------------------------- phase
     def run(self, phase, clocks, budget=None) -> None:
@@ -112,9 +115,12 @@ class RelaxedServer:
         if self.waiting:
             raise RuntimeError(f"relaxed PS: phase {phase} ended with "
                                f"{len(self.waiting)} unanswered pulls")
+        # Workers that stopped at different clocks leave clocks unfinished: their
+        # sums are applied now (once); the rest of those clocks joins later phases.
+        for clock in sorted(self.pending):
+            self._apply_clock(clock)
         self.stats["cpu_seconds"] += time.process_time() - cpu
-        self.stats["phase_seconds"] = self.stats.get("phase_seconds", 0.0) + (
-            time.perf_counter() - began)
+        self.stats["phase_seconds"] += time.perf_counter() - began
         self.stats["phases"] += 1
 
     def _start(self, phase, clocks, budget):
@@ -208,17 +214,21 @@ class RelaxedServer:
     def _close_clocks(self) -> None:
         """Apply every clock all workers have pushed, in clock order, once each."""
         while self.clocks.min_clock > self.closed:
-            for index, parts in sorted(self.pending.pop(self.closed, {}).items()):
-                var = self.variables[index]
-                if var.shard is None:
-                    continue
-                parts.sort(key=lambda part: part[0])  # worker order, as the collective path
-                with self.topology.accounting.timer("apply", var.spec.name):
-                    ids = np.concatenate([p[1] for p in parts])
-                    values = np.concatenate([p[2] for p in parts])
-                    unique, summed = dedup_sum(ids, values)
-                    var.shard.apply(unique, self._scaled(summed))
+            self._apply_clock(self.closed)
             self.closed += 1
+
+    def _apply_clock(self, clock) -> None:
+        """Sum clock ``clock``'s pushes per variable in worker order and apply them once."""
+        for index, parts in sorted(self.pending.pop(clock, {}).items()):
+            var = self.variables[index]
+            if var.shard is None:
+                continue
+            parts.sort(key=lambda part: part[0])  # worker order, as the collective path
+            with self.topology.accounting.timer("apply", var.spec.name):
+                ids = np.concatenate([p[1] for p in parts])
+                values = np.concatenate([p[2] for p in parts])
+                unique, summed = dedup_sum(ids, values)
+                var.shard.apply(unique, self._scaled(summed))
 
     def _pull(self, source, buffer) -> None:
         _, _, clock, _, sections = wire.unpack(buffer, self.formats)
@@ -324,12 +334,13 @@ class RelaxedServer:
         stop = self.stop
         if stop["sent"] or len(stop["reports"]) < self.groups.num_groups:
             return
-        equal = any(m.per_clock for m in self.models.values())
+        # Only asp workers may stop where they are: ssp's per-clock sums need every
+        # worker at the same clock, and a psp pull may wait for a peer to get there.
+        equal = any(m.model != "asp" for m in self.models.values())
         top = max(stop["reports"].values())
         for group, reported in stop["reports"].items():
             leader = self.groups.leader(group)
             if leader not in self.drained:
-                # per-clock sums need every worker at the same clock; asp/psp stop where they are
                 self._send(leader, wire.control(wire.STOP_AT, self.phase,
                                                 top if equal else reported), wire.TAG_CONTROL)
         stop["sent"] = True

@@ -260,6 +260,36 @@ def test_a_slow_worker_holds_nobody_under_asp_and_psp(all_ok, consistency):
     assert all_ok(ok), (clocks, ok)
 
 
+@pytest.mark.mpi(min_size=3)
+@pytest.mark.timeout(120)
+def test_workers_ending_a_phase_at_different_ssp_clocks_lose_nothing(all_ok):
+    """ssp:5, the first worker stops a phase 4 steps before the others: the servers
+    apply the unfinished clocks' sums at the phase end, and the rest of those clocks
+    when the first worker catches up in the next phase; the table is the exact sum."""
+    topo = hpcpax.init()
+    ps, relaxed = relaxed_job(topo, "ssp:5")
+    ok = True
+    if topo.is_server:
+        relaxed.serve()
+    else:
+        ps.register([SUM_SPEC])
+        first = 10 if topo.worker_index == 0 else 14
+        relaxed.begin()
+        sum_steps(relaxed, topo.worker_index, 0, first)
+        relaxed.end()
+        middle = ps.read_table("emb")
+        expected = sum(_exact_of(w, 10 if w == 0 else 14) for w in range(topo.num_workers))
+        ok = np.array_equal(middle, expected)
+        relaxed.begin()
+        sum_steps(relaxed, topo.worker_index, first, 14)  # the first worker catches up
+        relaxed.end()
+        ok = ok and np.array_equal(ps.read_table("emb"), exact_sum(topo.num_workers, 14))
+        relaxed.shutdown()
+    relaxed.free()
+    topo.free()
+    assert all_ok(ok)
+
+
 def _exact_of(worker, steps):
     table = np.zeros((ROWS, DIM))
     for s in range(steps):
