@@ -52,6 +52,7 @@ FULL_JOBS = [
     # multi-node cluster themselves and report "skipped" without root or ip netns.
     ("cluster_lm.py", 0, None, []),
     ("cluster_plan_modes.py", 0, None, []),
+    ("stragglers.py", 4, None, []),
 ]
 #: The same, tiny (``--quick``): the smallest layouts that still cross a node.
 QUICK_JOBS = [
@@ -63,6 +64,7 @@ QUICK_JOBS = [
     ("kernels.py", 1, None, []),
     ("sparse_sync.py", 2, None, ["--ranks-per-node", "1", "--servers-per-node", "0"]),
     ("ps_batching.py", 2, 1, []),
+    ("stragglers.py", 3, None, []),
 ]
 
 TARGETS = [
@@ -85,6 +87,11 @@ TARGETS = [
      "lower-bound off-node bytes / link rate)", "<=", 1.5),
     ("cluster_plan_modes_ratio_auto_vs_best", "emulated cluster, plan_modes at 0.5/2/10 "
      "Gbit/s: auto / best fixed samples/s, worst rate", ">=", 0.9),
+    ("ratio_ssp_vs_bsp_transient", "samples/s ssp:3 / bsp, every worker stalls 5x on 5 % of "
+     "steps, 1 server + 3 workers", ">=", 1.3),
+    ("ratio_asp_vs_bsp_persistent", "samples/s asp / bsp, one worker 2x slower", ">=", 1.5),
+    ("overhead_relaxed_no_straggler", "samples/s bsp / ssp:3 without stragglers", "<=", 1.05),
+    ("loss_gap_ssp", "relative training-loss gap ssp:3 vs bsp, same samples", "<=", 0.02),
 ]
 
 NOTES = [
@@ -100,6 +107,9 @@ NOTES = [
     "node, x (8 + 4 dim) for the push and the same for the pull (ids out, rows back).",
     "hpcpax's sparse sync time holds the pull and the owner-side optimizer update; torch's "
     "sync-only time holds neither (a replica needs no pull).",
+    "stragglers.py: 1 parameter server + 3 workers (quick: + 2) on one node; a straggler "
+    "sleeps (FACTOR - 1) x its compute time (no CPU); bsp and the relaxed model interleaved, "
+    "median of the rounds' ratios.",
 ]
 
 
@@ -175,7 +185,12 @@ def headline(records, quick):
     base = find(records, "mpi_baselines.py", ranks, nodes) or {}
     cluster = find(records, "cluster_lm.py", 0, None) or {}
     plan_modes = find(records, "cluster_plan_modes.py", 0, None) or {}
+    stragglers = find(records, "stragglers.py", 3 if quick else 4, 1) or {}
     return {
+        **{key: stragglers.get(key) for key in (
+            "ratio_ssp_vs_bsp_transient", "ratio_asp_vs_bsp_persistent",
+            "overhead_relaxed_no_straggler", "loss_gap_ssp", "max_observed_staleness",
+            "staleness_bound")},
         "headline_layout": f"{ranks} ranks as {nodes} virtual nodes",
         "ratio_torch_sparse_vs_hpcpax": sparse.get("ratio_torch_vs_hpcpax"),
         "ratio_hpcpax_vs_torch_ddp_lm": lm.get("ratio_hpcpax_vs_torch_ddp"),
@@ -234,6 +249,9 @@ TABLE_COLUMNS = {
                       "ratio_auto_vs_best_fixed", "ratio_step_vs_limit",
                       "offnode_bytes_auto", "offnode_bytes_predicted", "skipped"],
     "cluster_plan_modes.py": ["ratio_auto_vs_best", "skipped"],
+    "stragglers.py": ["ratio_ssp_vs_bsp_transient", "ratio_asp_vs_bsp_persistent",
+                      "overhead_relaxed_no_straggler", "loss_gap_ssp", "max_observed_staleness",
+                      "staleness_bound"],
 }
 
 

@@ -2,7 +2,8 @@
 
 The primitives a user's own mpi4py program needs are here: :func:`init`
 (topology), :class:`ParameterServer` with :class:`SparseVariableSpec` and
-:class:`SparseGrad` (sparse push/pull), :class:`DenseAllreduce` (fused dense
+:class:`SparseGrad` (sparse push/pull; :class:`RelaxedParameterServer` for
+ssp/asp/psp), :class:`DenseAllreduce` (fused dense
 allreduce), the kernels in :mod:`hpcpax.ops`; :data:`options` holds every
 ``HPCPAX_*`` setting. ``python -m hpcpax.train`` is the
 ready-made trainer. Importing the package imports no CuPy or Numba and
@@ -25,6 +26,7 @@ from .errors import (
     TopologyError,
 )
 from .options import options
+from .ps.relaxed import RelaxedParameterServer
 from .ps.server import ParameterServer
 from .ps.spec import SparseVariableSpec
 from .ps.sparse_grad import SparseGrad
@@ -37,6 +39,7 @@ __all__ = [
     "Accounting",
     "DenseAllreduce",
     "ParameterServer",
+    "RelaxedParameterServer",
     "ReplicatedTable",
     "SparseGrad",
     "SparseVariableSpec",

@@ -149,6 +149,9 @@ OPTIONS = (
            "Numba threads of the parallel kernels (default: as for threads)"),
     Option("numba_serial_below", _integer(0), 1 << 20,
            "elements below which a Numba kernel runs on one thread"),
+    Option("poll_seconds", _seconds, 0.001,
+           "relaxed consistency: longest sleep of a waiting server or worker between two "
+           "polls of its messages (the backoff cap: latency against idle CPU)"),
 )
 _BY_NAME = {option.name: option for option in OPTIONS}
 

@@ -61,6 +61,8 @@ class RunCheckpoints:
         self.seconds = 0.0
         #: The newest checkpoint written (None before the first).
         self.last = None
+        #: The checkpoint :meth:`resume` loaded (None: none).
+        self.resumed_from = None
         self._data_fingerprint = None
 
     def training_fingerprint(self) -> str:
@@ -82,6 +84,27 @@ class RunCheckpoints:
             self._data_fingerprint = data_fingerprint(self.config["data"])
         return self._data_fingerprint
 
+    def handlers(self, sync, dense, dense_state, optimizer, xp) -> dict:
+        """The run's checkpoint commands, for a :class:`~hpcpax.app.commands.CommandChannel`.
+
+        ``save(step, meta)`` writes one; ``load(path)`` returns ``(step, None)``
+        or ``(None, why)`` for a damaged checkpoint (agreed on every rank);
+        ``check_disk()`` is :meth:`prepare`; ``refuse(message)`` raises
+        :class:`~hpcpax.errors.CheckpointError` on every rank.
+        """
+        def load(path):
+            try:
+                return self.load(path, sync, dense, dense_state, optimizer, xp), None
+            except CheckpointError as exc:  # raised on every rank together
+                return None, str(exc)
+
+        def refuse(message):
+            raise CheckpointError(message)
+
+        return {"save": lambda step, meta: self.save(step, meta, sync, dense, dense_state),
+                "load": load, "check_disk": lambda: self.prepare(sync, dense, dense_state),
+                "refuse": refuse}
+
     def resume(self, commands, log) -> int:
         """Load the newest intact checkpoint, if any; the step to start at.
 
@@ -101,6 +124,7 @@ class RunCheckpoints:
         for path in found:
             step, damage = commands.run("load", path=path)
             if damage is None:
+                self.resumed_from = path
                 log(f"resumed from {path}: continuing at step {step + 1}", important=True)
                 return step + 1
             log(f"resume: WARNING: skipping damaged checkpoint {path}: {damage}", important=True)

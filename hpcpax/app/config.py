@@ -97,6 +97,16 @@ FLAGS = (
          minimum=0),
     Flag("replan_threshold", "float", 0.1, "re-planning switches a method only for a predicted "
          "gain above this fraction", minimum=0.0),
+    Flag("consistency", "str", "bsp", "bsp (the collective path), ssp:S (a worker runs at most "
+         "S steps ahead of the slowest), asp (no bound) or psp:B[,S] (B peers sampled per "
+         "pull must be within S steps); per sparse variable after ';', e.g. "
+         "'ssp:3; softmax_b=asp'. Relaxed models need server ranks and --plan ps"),
+    Flag("consistency_groups", "str", "worker", "what a relaxed model relaxes: each worker "
+         "against the others, or whole nodes (BSP inside a node)", ("worker", "node")),
+    Flag("straggler", "str", None, "RANK:FACTOR[,...]: that world rank sleeps (FACTOR - 1) x "
+         "its compute time every step (tests, benchmarks)"),
+    Flag("stalls", "str", None, "P:FACTOR: every worker sleeps (FACTOR - 1) x its compute time "
+         "on a random fraction P of its steps (tests, benchmarks)"),
     Flag("bucket_bytes", "int", 1 << 20, "dense allreduce fusion buffer bytes (0: autotune)",
          minimum=0),
     # run directory, checkpoints, evaluation
@@ -335,6 +345,22 @@ def _check_combination(config):
         raise ConfigError("eval_data and eval_fraction both name a held-out set; give one "
                           f"(eval_data {config['eval_data']!r}, eval_fraction "
                           f"{config['eval_fraction']})")
+    _check_consistency(config)
+
+
+def _check_consistency(config):
+    from ..ps.consistency import parse_consistency_spec
+    from .stragglers import parse_stalls, parse_straggler
+
+    default, per_variable = parse_consistency_spec(config["consistency"])
+    parse_straggler(config["straggler"])
+    parse_stalls(config["stalls"])
+    if not (default.relaxed or any(m.relaxed for m in per_variable.values())):
+        return
+    for key in ("partition_search", "replan_every"):
+        if config[key]:
+            raise ConfigError(f"{key} needs consistency bsp, not {config['consistency']!r} "
+                              "(relaxed models keep the plan fixed)")
 
 
 def model_kwargs(config: dict) -> dict:

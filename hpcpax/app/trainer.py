@@ -27,13 +27,12 @@ import os
 import time
 
 from ..backend import Device, select_device, to_host
-from ..errors import CheckpointError
 from ..comm.agreement import check_same
 from ..comm.watchdog import Watchdog
 from ..options import parse_bytes
 from ..plan.controller import PlanController
 from ..plan.records import record_run
-from . import build
+from . import build, relaxed_run
 from .checkpointing import RunCheckpoints
 from .commands import CommandChannel
 from .config import resolve
@@ -80,6 +79,7 @@ class Trainer:
         #: True when the run stopped on a preemption signal (after checkpointing).
         self.preempted = False
         self._bar = None
+        self.summary_extra = {}  # fields added to summary.json (a relaxed run's figures)
 
     # ---------------------------------------------------------------- output
     def log(self, text, everyone=False, important=False) -> None:
@@ -157,6 +157,8 @@ class Trainer:
             for line in self.commands.run("check_disk"):
                 self.log(line, important=True)
             self.reader, self.eval_set = open_data(self.model, config)
+        if self.relaxed is not None:  # --consistency ssp|asp|psp: hpcpax.app.relaxed_run
+            return self.relaxed.run(wall_start)
         start_step = self._resume() if config["resume"] else 1
         if self.is_leader and not config["quiet"]:
             print(build.config_lines(topo, self.run_dir, self.model, config,
@@ -185,6 +187,7 @@ class Trainer:
         self.model = build_model(config)
         specs = build.sparse_specs(self.model, config)
         spec = config["plan"] if self._plan_override is None else self._plan_override
+        spec = relaxed_run.plan_under(config, spec)
         mode, requests = build.plan_requests(spec, [s.name for s in specs])
         self.ps = ParameterServer(topo, local_aggregation=config["local_aggregation"],
                                   seed=config["seed"])
@@ -198,8 +201,10 @@ class Trainer:
                                        else "table")
         self.planning.measure_fabric()
         self.commands = CommandChannel(topo, self.ps, {
-            "save": self._save, "load": self._load, "switch": self.sync.switch,
-            "check_disk": self._check_disk, "stop": self._stop, "refuse": _refuse})
+            **self.checkpoints.handlers(self.sync, self.dense, self.dense_state,
+                                        self.optimizer, self.device.xp),
+            "switch": self.sync.switch, "stop": self._stop})
+        self.relaxed = relaxed_run.setup(self)  # stragglers; the relaxed server if asked
         if topo.rank == 0:
             write_json(os.path.join(self.run_dir, "config.json"),
                        {**config, "model_config": self.model.config(),
@@ -218,21 +223,6 @@ class Trainer:
         path = self.commands.run("save", step=step, meta=json_safe(meta))
         self.log(f"checkpoint written: {path}", important=True)
         return path
-
-    def _save(self, step, meta):
-        return self.checkpoints.save(step, meta, self.sync, self.dense, self.dense_state)
-
-    def _load(self, path):
-        """Every rank: load ``path``; ``(step, None)``, or ``(None, why)`` when it is damaged."""
-        try:
-            return self.checkpoints.load(path, self.sync, self.dense, self.dense_state,
-                                         self.optimizer, self.device.xp), None
-        except CheckpointError as exc:  # raised on every rank together
-            return None, str(exc)
-
-    def _check_disk(self):
-        """Every rank: stale temporaries removed, room for a checkpoint checked."""
-        return self.checkpoints.prepare(self.sync, self.dense, self.dense_state)
 
     def _stop(self, preempted=False):
         self.preempted = bool(preempted)
@@ -277,6 +267,8 @@ class Trainer:
         local_batch = len(next(iter(batch.values())))
         # Mean over the global batch even for uneven shards; exactly 1 for even ones.
         scale = local_batch * self.topology.num_workers / self.config["global_batch"]
+        lap("compute")
+        self.stragglers.delay(step, times["compute"])
         lap("compute")
         self.sync.push({name: (indices, values * scale if scale != 1 else values)
                         for name, (indices, values) in result.sparse_grads.items()})
@@ -391,13 +383,9 @@ class Trainer:
                      everyone=True)
             return {"rank": topo.rank, "role": topo.role}
         self._bar.close()
+        summary.update(self.summary_extra)
         write_json(os.path.join(self.run_dir, "summary.json"), summary)
         record_run(self)  # one record in the run log (never raises)
         if not self.config["quiet"]:
             print(summary_line(summary, self.run_dir), flush=True)
         return summary
-
-
-def _refuse(message):
-    """Command handler: every rank raises the same :class:`CheckpointError`."""
-    raise CheckpointError(message)

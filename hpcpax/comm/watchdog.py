@@ -101,10 +101,14 @@ class Watchdog:
         return self._thread is not None
 
     @contextmanager
-    def guard(self, name: str):
-        """Run the ``with`` body as operation ``name``, watched. Local; nestable."""
+    def guard(self, name: str, since=None):
+        """Run the ``with`` body as operation ``name``, watched. Local; nestable.
+
+        ``since`` (a ``time.monotonic()`` value) backdates the start: a server
+        waiting for a rank that has been silent since then.
+        """
         outer = self._current
-        self._current = (str(name), time.monotonic())
+        self._current = (str(name), time.monotonic() if since is None else float(since))
         try:
             yield self
         finally:

@@ -6,7 +6,9 @@
 - :mod:`~hpcpax.sync.sparse_set`: :class:`SparseSync`, every sparse variable
   of a model, batching each step's pulls and pushes by method;
 - :mod:`~hpcpax.sync.replicated`: tables replicated on every worker, synced
-  by ``allgather`` or densified ``allreduce`` (Horovod's sparse methods).
+  by ``allgather`` or densified ``allreduce`` (Horovod's sparse methods);
+- :mod:`~hpcpax.sync.relaxed`: :class:`RelaxedSync`, a step under ssp/asp/psp
+  (sparse rows, and dense variables held as server tables).
 
 Built on :mod:`hpcpax.ps`, :mod:`hpcpax.comm` and :mod:`hpcpax.ops`.
 """

@@ -123,3 +123,16 @@ def test_ps_batching(report):
     # Same bytes per table, fewer collectives: the counts, not the clock.
     assert result["bytes_equal"] is True
     assert result["batched_calls_per_step"] < result["one_by_one_calls_per_step"]
+
+
+@pytest.mark.timeout(300)
+def test_stragglers(report):
+    (run,) = _run(report, "stragglers.py")
+    result = run["result"]
+    _positive(result, ["ratio_ssp_vs_bsp_transient", "ratio_asp_vs_bsp_persistent",
+                       "overhead_relaxed_no_straggler", "staleness_bound"])
+    # the server's records: no answered pull beyond the bound
+    assert result["max_observed_staleness"] <= result["staleness_bound"]
+    assert result["staleness_violations"] == 0
+    assert 0 <= result["loss_gap_ssp"] < 1
+    assert sum(result["persistent"]["asp"]["worker_steps"]) >= result["steps"] * (run["ranks"] - 1)

@@ -1,0 +1,178 @@
+"""Stragglers: relaxed consistency (ssp:3, asp) against BSP on the ``lm`` model.
+
+Three scenarios, each a pair of training runs in this ``mpirun`` job (in-process
+:class:`~hpcpax.app.trainer.Trainer` runs, synthetic data, ``--plan ps``),
+interleaved round by round (``bsp``, relaxed, ``bsp``, relaxed, ...) so the
+machine's noise hits both alike:
+
+- ``none``: no straggler; ``bsp`` vs ``ssp:3``;
+- ``transient``: every worker stalls 5x on 5 % of its steps (``--stalls
+  0.05:5``, the same steps in both runs); ``bsp`` vs ``ssp:3``;
+- ``persistent``: the last worker is 2x slower all the time (``--straggler
+  RANK:2``); ``bsp`` vs ``asp``.
+
+A straggler sleeps (FACTOR - 1) x its own compute time, so it costs no CPU.
+Samples/s is every worker's samples over the training wall time (``asp`` runs
+until the workers together trained steps x global batch samples). The loss is
+the mean training loss of the last fifth of the steps (the same samples for
+``bsp`` and ``ssp``). Figures: median over the rounds of each round's ratio,
+with the spread (min, max). ``slowdown_from_*`` compare each model with its
+own runs without stragglers: on an oversubscribed node most of the ratios
+is the cost of the lockstep collectives, not of the stragglers.
+
+Dense Adam runs at lr 0.001 (``--lr``): at the trainer's default 0.003 the
+3-step-stale dense updates of ``ssp:3`` made this model's loss climb after
+~150 steps (see the README's "Consistency" section).
+
+Run: ``mpirun -n 4 python -m mpi4py benchmarks/stragglers.py`` (1 server + 3
+workers; ``--quick`` for a tiny check). One JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+import time
+
+import numpy as np
+from mpi4py import MPI
+
+from hpcpax.app.trainer import Trainer
+
+MODEL = {"model": "lm", "vocab_size": 20_000, "emb_dim": 32, "context": 4,
+         "hidden": [256, 256], "out_dim": 32, "num_sampled": 256, "global_batch": 768,
+         "plan": "ps", "quiet": True}
+QUICK = {"model": "lm", "vocab_size": 2_000, "emb_dim": 8, "context": 3, "hidden": [32],
+         "out_dim": 8, "num_sampled": 32, "global_batch": 96, "plan": "ps", "quiet": True}
+STALLS = "0.05:5"
+STALENESS = 3
+GOALS = {"ratio_ssp_vs_bsp_transient": (">=", 1.3), "ratio_asp_vs_bsp_persistent": (">=", 1.5),
+         "overhead_relaxed_no_straggler": ("<=", 1.05), "loss_gap_ssp": ("<=", 0.02)}
+
+
+def scenarios(workers_last_rank):
+    return {
+        "none": ({}, ("bsp", f"ssp:{STALENESS}")),
+        "transient": ({"stalls": STALLS}, ("bsp", f"ssp:{STALENESS}")),
+        "persistent": ({"straggler": f"{workers_last_rank}:2"}, ("bsp", "asp")),
+    }
+
+
+def one_run(comm, base, consistency, extra, steps, seed, workdir):
+    run_dir = comm.bcast(tempfile.mkdtemp(dir=workdir) if comm.Get_rank() == 0 else None)
+    trainer = Trainer({**base, **extra, "consistency": consistency, "steps": steps,
+                       "seed": seed, "run_dir": run_dir}, comm=comm)
+    summary = trainer.run()
+    leader = trainer.topology.worker_ranks[0]
+    result = None
+    if comm.Get_rank() == leader:
+        losses = trainer.losses
+        tail = losses[-max(1, len(losses) // 5):]
+        stale = (summary.get("staleness") or {}).get(consistency, {})
+        servers = summary.get("servers") or []
+        result = {"samples_per_s": summary["mean_samples_per_s"],
+                  "loss": float(np.mean(tail)), "worker_steps": summary.get("worker_steps"),
+                  "max_staleness": stale.get("max_gap"),
+                  "staleness_violations": stale.get("violations"),
+                  "server_cpu_fraction": (sum(s["cpu_seconds"] for s in servers)
+                                          / max(1e-9, sum(s["phase_seconds"] for s in servers))
+                                          if servers else None)}
+    return comm.bcast(result, root=leader)
+
+
+def spread(values):
+    values = [v for v in values if v is not None]
+    if not values:
+        return {"median": None, "min": None, "max": None}
+    return {"median": float(np.median(values)), "min": float(min(values)),
+            "max": float(max(values))}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=150)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--lr", type=float, default=0.001, help="dense Adam learning rate "
+                        "(the trainer's default 0.003 is unstable under ssp:3 staleness here)")
+    parser.add_argument("--global-batch", type=int, default=MODEL["global_batch"])
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args()
+    base = dict(MODEL)
+    if args.quick:
+        base, args.steps, args.rounds = dict(QUICK), 12, 1
+    base["lr"] = args.lr
+    if not args.quick:
+        base["global_batch"] = args.global_batch
+    comm = MPI.COMM_WORLD
+    size = comm.Get_size()
+    if size < 3:
+        raise SystemExit("stragglers.py needs >= 3 ranks (1 server + 2 workers)")
+    cases = scenarios(size - 1)
+    cores = os.cpu_count() or 1
+    out = {"benchmark": "stragglers", "ranks": size,
+           "layout": f"{size} ranks on one node: 1 parameter server + {size - 1} workers "
+                     f"(servers_per_node=1), {cores} cores"
+                     + (" (oversubscribed)" if size > cores else ""),
+           "model": base, "steps": args.steps, "rounds": args.rounds, "stalls": STALLS,
+           "straggler": f"rank {size - 1} x2", "staleness_bound": STALENESS}
+    runs = {name: {c: [] for c in pair} for name, (_, pair) in cases.items()}
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory() as scratch:
+        workdir = comm.bcast(scratch if comm.Get_rank() == 0 else None)
+        one_run(comm, base, "bsp", {}, 3, 0, workdir)  # warm-up: kernels compiled, caches
+        for r in range(args.rounds):
+            for name, (extra, pair) in cases.items():
+                for consistency in pair:
+                    runs[name][consistency].append(
+                        one_run(comm, base, consistency, extra, args.steps, r, workdir))
+    out["seconds"] = time.perf_counter() - started
+    ratio = {}
+    for name, (_, (reference, relaxed)) in cases.items():
+        pairs = list(zip(runs[name][reference], runs[name][relaxed]))
+        ratio[name] = [b["samples_per_s"] / a["samples_per_s"] for a, b in pairs]
+        ratio[name + "_loss"] = [abs(b["loss"] - a["loss"]) / a["loss"] for a, b in pairs]
+        out[name] = {c: {"samples_per_s": spread([x["samples_per_s"] for x in results]),
+                         "loss": spread([x["loss"] for x in results]),
+                         "worker_steps": results[-1]["worker_steps"],
+                         "max_staleness": max((x["max_staleness"] or 0) for x in results),
+                         "server_cpu_fraction": spread([x["server_cpu_fraction"]
+                                                        for x in results])}
+                     for c, results in runs[name].items()}
+    figures = {
+        "ratio_ssp_vs_bsp_transient": spread(ratio["transient"]),
+        "ratio_asp_vs_bsp_persistent": spread(ratio["persistent"]),
+        "overhead_relaxed_no_straggler": spread([1.0 / x for x in ratio["none"]]),
+        "loss_gap_ssp": spread(ratio["transient_loss"]),
+        "loss_gap_ssp_no_straggler": spread(ratio["none_loss"]),
+    }
+    for key, value in figures.items():
+        out[key] = value["median"]
+        out[key + "_spread"] = [value["min"], value["max"]]
+    # What the stragglers cost each model, against its own runs without them: on an
+    # oversubscribed node most of the ratios above is the lockstep collectives' cost
+    ssp = f"ssp:{STALENESS}"
+    none_bsp = [x["samples_per_s"] for x in runs["none"]["bsp"]]
+    none_ssp = [x["samples_per_s"] for x in runs["none"][ssp]]
+    def slowdown(without, scenario, model):
+        return spread([a / b["samples_per_s"] for a, b in zip(without, runs[scenario][model])])
+
+    out["slowdown_from_stalls"] = {"bsp": slowdown(none_bsp, "transient", "bsp"),
+                                   ssp: slowdown(none_ssp, "transient", ssp)}
+    out["slowdown_from_persistent_straggler"] = {
+        "bsp": slowdown(none_bsp, "persistent", "bsp"),
+        "asp (against ssp:3 without stragglers)": slowdown(none_ssp, "persistent", "asp")}
+    relaxed_runs = runs["transient"][ssp]
+    out["max_observed_staleness"] = max((x["max_staleness"] or 0) for x in relaxed_runs)
+    out["staleness_violations"] = sum((x["staleness_violations"] or 0) for x in relaxed_runs)
+    out["goals"] = {k: f"{op} {v}" for k, (op, v) in GOALS.items()}
+    out["goals_met"] = {k: (out[k] >= v if op == ">=" else out[k] <= v)
+                        for k, (op, v) in GOALS.items() if out[k] is not None}
+    out["load_average"] = list(os.getloadavg())
+    if comm.Get_rank() == 0:
+        print(json.dumps(out), flush=True)
+
+
+if __name__ == "__main__":
+    main()

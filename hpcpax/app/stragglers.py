@@ -1,0 +1,117 @@
+"""Straggler injection for tests and benchmarks: slow ranks without burning CPU.
+
+- ``--straggler RANK:FACTOR[,RANK:FACTOR...]``: that world rank is
+  ``FACTOR`` times slower all the time: after computing a step it sleeps
+  ``(FACTOR - 1)`` x the step's own compute time, as a slower device would
+  take longer, without using the CPU the others need.
+- ``--stalls P:FACTOR``: every worker, independently, stalls on a fraction
+  ``P`` of its steps (drawn from ``(seed, rank, step)``, so the same steps
+  stall in every run): it sleeps ``(FACTOR - 1)`` x that step's compute time
+  (a noisy neighbour, an I/O hiccup).
+
+The sleep counts as compute time in the step's phase times.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from ..errors import ConfigError
+
+__all__ = ["Stragglers", "parse_straggler", "parse_stalls"]
+
+
+def _factor(text, where) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise ConfigError(f"{where}: FACTOR must be a number >= 1, not {text!r}") from None
+    if not value >= 1.0:
+        raise ConfigError(f"{where}: FACTOR must be a number >= 1, not {text!r}")
+    return value
+
+
+def parse_straggler(spec) -> dict:
+    """``"2:2.0,3:1.5"`` -> ``{2: 2.0, 3: 1.5}`` (None or "" -> ``{}``)."""
+    if not spec:
+        return {}
+    out = {}
+    for part in str(spec).replace(" ", "").split(","):
+        rank, colon, factor = part.partition(":")
+        if not colon:
+            raise ConfigError(f"straggler must be RANK:FACTOR[,RANK:FACTOR...], not {spec!r}")
+        try:
+            rank = int(rank)
+        except ValueError:
+            raise ConfigError(f"straggler {spec!r}: RANK must be an int >= 0, "
+                              f"not {rank!r}") from None
+        if rank < 0:
+            raise ConfigError(f"straggler {spec!r}: RANK must be an int >= 0, not {rank}")
+        out[rank] = _factor(factor, f"straggler {spec!r}")
+    return out
+
+
+def parse_stalls(spec) -> tuple:
+    """``"0.05:5"`` -> ``(0.05, 5.0)`` (None or "" -> ``(0.0, 1.0)``)."""
+    if not spec:
+        return 0.0, 1.0
+    probability, colon, factor = str(spec).replace(" ", "").partition(":")
+    if not colon:
+        raise ConfigError(f"stalls must be P:FACTOR (e.g. 0.05:5), not {spec!r}")
+    try:
+        probability = float(probability)
+    except ValueError:
+        raise ConfigError(f"stalls {spec!r}: P must be a probability in [0, 1], "
+                          f"not {probability!r}") from None
+    if not 0.0 <= probability <= 1.0:
+        raise ConfigError(f"stalls {spec!r}: P must be a probability in [0, 1], "
+                          f"not {probability}")
+    return probability, _factor(factor, f"stalls {spec!r}")
+
+
+class Stragglers:
+    """What one rank sleeps after each step's compute.
+
+    Args:
+        straggler: ``--straggler`` text (or its parsed dict).
+        stalls: ``--stalls`` text (or its parsed tuple).
+        rank: this world rank.
+        seed: the run's seed.
+    """
+
+    def __init__(self, straggler=None, stalls=None, rank=0, seed=0):
+        slow = straggler if isinstance(straggler, dict) else parse_straggler(straggler)
+        self.factor = slow.get(int(rank), 1.0)
+        self.stall_probability, self.stall_factor = (
+            stalls if isinstance(stalls, tuple) else parse_stalls(stalls))
+        self.rank, self.seed = int(rank), int(seed)
+        #: Seconds slept so far, and stalls taken.
+        self.slept = 0.0
+        self.stalls = 0
+
+    @property
+    def active(self) -> bool:
+        """Whether this rank ever sleeps."""
+        return self.factor > 1.0 or (self.stall_probability > 0 and self.stall_factor > 1.0)
+
+    def stalls_at(self, step) -> bool:
+        """Whether this rank stalls at ``step`` (deterministic)."""
+        if self.stall_probability <= 0:
+            return False
+        draw = np.random.default_rng([self.seed, self.rank, int(step), 0x57A11]).random()
+        return bool(draw < self.stall_probability)
+
+    def delay(self, step, compute_seconds) -> float:
+        """Sleep what ``step`` costs this rank beyond ``compute_seconds``; the seconds slept."""
+        if not self.active:
+            return 0.0
+        extra = (self.factor - 1.0) * compute_seconds
+        if self.stalls_at(step):
+            extra += (self.stall_factor - 1.0) * compute_seconds
+            self.stalls += 1
+        if extra > 0:
+            time.sleep(extra)
+            self.slept += extra
+        return extra
