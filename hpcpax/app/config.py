@@ -107,6 +107,12 @@ FLAGS = (
          "its compute time every step (tests, benchmarks)"),
     Flag("stalls", "str", None, "P:FACTOR: every worker sleeps (FACTOR - 1) x its compute time "
          "on a random fraction P of its steps (tests, benchmarks)"),
+    Flag("batch_shares", "str", None, "bsp: each worker's share of the global batch, 'A,B,...' "
+         "(fixed, one per worker, summing to --global-batch) or 'speed' (proportional to each "
+         "worker's measured speed, re-agreed every --rebalance-every steps: balanced BSP); "
+         "the global batch and gradient stay BSP's"),
+    Flag("rebalance_every", "int", 20, "batch_shares speed: steps between re-evaluations",
+         minimum=1),
     Flag("bucket_bytes", "int", 1 << 20, "dense allreduce fusion buffer bytes (0: autotune)",
          minimum=0),
     # run directory, checkpoints, evaluation
@@ -350,14 +356,16 @@ def _check_combination(config):
 
 def _check_consistency(config):
     from ..ps.consistency import parse_consistency_spec
+    from .balance import check_batch_shares
     from .stragglers import parse_stalls, parse_straggler
 
     default, per_variable = parse_consistency_spec(config["consistency"])
     parse_straggler(config["straggler"])
     parse_stalls(config["stalls"])
+    check_batch_shares(config["batch_shares"])
     if not (default.relaxed or any(m.relaxed for m in per_variable.values())):
         return
-    for key in ("partition_search", "replan_every"):
+    for key in ("partition_search", "replan_every", "batch_shares"):
         if config[key]:
             raise ConfigError(f"{key} needs consistency bsp, not {config['consistency']!r} "
                               "(relaxed models keep the plan fixed)")

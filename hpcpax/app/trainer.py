@@ -34,6 +34,7 @@ from ..plan.controller import PlanController
 from ..plan.records import record_run
 from . import build, relaxed_run
 from .checkpointing import RunCheckpoints
+from .balance import BatchBalancer
 from .commands import CommandChannel
 from .config import resolve
 from .datasets import build_model, open_data
@@ -205,6 +206,8 @@ class Trainer:
                                         self.optimizer, self.device.xp),
             "switch": self.sync.switch, "stop": self._stop})
         self.relaxed = relaxed_run.setup(self)  # stragglers; the relaxed server if asked
+        self.balance = BatchBalancer(config["batch_shares"], config["rebalance_every"], topo,
+                                     config["global_batch"], self.log)
         if topo.rank == 0:
             write_json(os.path.join(self.run_dir, "config.json"),
                        {**config, "model_config": self.model.config(),
@@ -218,6 +221,7 @@ class Trainer:
                 "data_fingerprint": self.checkpoints.data_fingerprint,
                 "topology": self.topology.describe(),
                 "plan": self.planning.current_plan().to_dict(),
+                "batch_shares": self.balance.state(),
                 "data_position": step, "rng": "counter-based (seed, step): nothing to save",
                 "job_id": self.job_id}
         path = self.commands.run("save", step=step, meta=json_safe(meta))
@@ -230,14 +234,15 @@ class Trainer:
     def _resume(self) -> int:
         """Load the newest intact checkpoint (damaged ones skipped); the step to start at."""
         with self.watchdog.guard("set-up: resume"):  # bounded like a save inside a step
-            return self.checkpoints.resume(self.commands, self.log)
+            step = self.checkpoints.resume(self.commands, self.log)
+            if self.checkpoints.resumed_from:
+                self.balance.resume(self.checkpoints.resumed_from)
+            return step
 
     # ------------------------------------------------------------------ steps
     def _batch(self, position):
         """This worker's shard of global batch ``position``, on its device."""
-        topo = self.topology
-        batch = self.reader.batch(position, self.config["global_batch"], topo.worker_index,
-                                  topo.num_workers)
+        batch = self.balance.batch(self.reader, position)  # even or balanced shares
         if self.device.kind == "gpu":
             batch = {k: self.device.xp.asarray(v) for k, v in batch.items()}
         return batch
@@ -311,6 +316,7 @@ class Trainer:
         config, loop = self.config, self._loop
         began = time.perf_counter()
         loss, local_batch, times = self.train_step(step)
+        self.balance.observe(step, times, local_batch, loop["metrics"])  # --batch-shares
         loss, stop, times, cumulative = reduce_step(self.topology, loss, local_batch, times,
                                                     self.preemption.requested)
         seconds = time.perf_counter() - began

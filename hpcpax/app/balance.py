@@ -1,0 +1,155 @@
+"""Balanced BSP: each worker reads a share of the global batch (``--batch-shares``).
+
+Under BSP a step waits for the slowest worker. With ``--batch-shares speed``
+every worker measures its own work seconds per sample (the data and compute
+phases: what grows with its share) and every ``--rebalance-every`` steps the
+workers agree new shares proportional to their speeds
+(:func:`hpcpax.plan.shares.balanced_shares`): the medians are gathered, the
+first worker decides, the decision is broadcast, so every rank uses the same
+shares from the next step on. With ``--batch-shares A,B,...`` the shares are
+fixed (tests, a known slow worker).
+
+The global batch is untouched: worker ``w`` reads samples
+``[start_w, stop_w)`` of it (:meth:`~hpcpax.data.reading.ShardedReader.batch_range`),
+the ranges of all workers concatenate to the even shards' samples, and the
+trainer scales each worker's gradients by ``share x workers / G``, so the
+dense allreduce's mean is the mean over the global batch: the parameters
+are BSP's with the same global batch (to float round-off).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import ConfigError
+from ..plan.shares import (balanced_shares, even_shares, parse_shares, relative_gain,
+                           share_ranges)
+
+__all__ = ["BatchBalancer", "MIN_GAIN", "check_batch_shares"]
+
+#: Shares change only when the new ones are predicted to save this fraction of
+#: the slowest worker's work (measurement noise does not move samples around).
+MIN_GAIN = 0.05
+
+
+def check_batch_shares(spec) -> None:
+    """Check ``--batch-shares`` before any communication (the worker count is not known yet).
+
+    Raises:
+        ConfigError: not ``speed`` nor comma-separated positive ints.
+    """
+    if spec in (None, "", "speed"):
+        return
+    try:
+        values = [int(p) for p in str(spec).replace(" ", "").split(",") if p]
+    except ValueError:
+        values = []
+    if not values or any(v < 1 for v in values):
+        raise ConfigError(f"batch_shares must be 'speed' or comma-separated positive ints "
+                          f"(one per worker, summing to the global batch), not {spec!r}")
+
+
+class BatchBalancer:
+    """Which samples of each global batch this worker reads, and when that changes.
+
+    Args:
+        spec: ``--batch-shares``: None (even shards), ``speed``, or ``A,B,...``.
+        every: ``--rebalance-every``: steps between re-evaluations (``speed``).
+        topology: the run's :class:`~hpcpax.comm.topology.Topology` (a worker).
+        global_batch: samples per step.
+        log: ``log(text, important=...)`` for decisions.
+
+    Raises:
+        ConfigError: fixed shares that are not one positive int per worker
+            summing to ``global_batch`` (the same on every worker: checked
+            before any communication).
+    """
+
+    def __init__(self, spec, every, topology, global_batch, log=None):
+        self.topology, self.global_batch = topology, int(global_batch)
+        self.workers, self.index = topology.num_workers, topology.worker_index
+        self.adaptive = spec == "speed"
+        self.every = max(1, int(every))
+        fixed = None if self.adaptive else parse_shares(spec, self.global_batch, self.workers)
+        if self.adaptive and self.global_batch < self.workers:
+            raise ConfigError(f"batch_shares speed needs global_batch >= the {self.workers} "
+                              f"workers, not {self.global_batch}")
+        self.shares = fixed or even_shares(self.global_batch, self.workers)
+        self._log = log or (lambda text, important=False: None)
+        self._measured = []  # this worker's seconds per sample since the last evaluation
+        #: Every change of shares: ``{step, from, to, seconds_per_sample, gain}``.
+        self.history = []
+
+    @property
+    def even(self) -> bool:
+        """Whether every worker reads the same number of samples."""
+        return len(set(self.shares)) == 1
+
+    def batch(self, reader, position) -> dict:
+        """This worker's samples of global batch ``position`` (host arrays); not collective."""
+        if self.even:
+            return reader.batch(position, self.global_batch, self.index, self.workers)
+        start, stop = share_ranges(self.shares)[self.index]
+        return reader.batch_range(position, self.global_batch, start, stop)
+
+    def observe(self, step, times, local_batch, metrics=None) -> dict | None:
+        """Note one step's phase seconds; every ``every`` steps agree new shares.
+
+        **Collective** over the workers at the steps where ``step % every ==
+        0`` under ``speed`` (every worker calls it after every step). Returns
+        the decision when the shares changed (also written to ``metrics``, a
+        :class:`~hpcpax.app.metrics.MetricsWriter`, and logged), else None.
+        """
+        if not self.adaptive:
+            return None
+        self._measured.append((times["data"] + times["compute"]) / max(1, local_batch))
+        if step % self.every:
+            return None
+        mine = float(np.median(self._measured))
+        self._measured = []
+        workers = self.topology.workers
+        gathered = workers.gather(mine, root=0)
+        decision = None
+        if self.index == 0:
+            decision = self.decide(step, gathered)
+        decision = workers.bcast(decision, root=0)
+        if decision is not None:
+            self.shares = list(decision["to"])
+            self.history.append(decision)
+            if metrics is not None:
+                metrics.write({"step": int(step), "batch_shares": decision})
+            self._log(f"step {step}: batch shares {decision['from']} -> {decision['to']}: "
+                      "seconds per sample " + ", ".join(
+                          f"{t:.3g}" for t in decision["seconds_per_sample"])
+                      + f"; predicted to save {100 * decision['gain']:.0f} % of the slowest "
+                      "worker's work", important=True)
+        return decision
+
+    def decide(self, step, seconds_per_sample) -> dict | None:
+        """The new shares from every worker's seconds per sample (None: keep them); pure."""
+        proposed = balanced_shares(seconds_per_sample, self.global_batch)
+        gain = relative_gain(self.shares, proposed, seconds_per_sample)
+        if proposed == self.shares or gain < MIN_GAIN:
+            return None
+        return {"step": int(step), "from": list(self.shares), "to": proposed,
+                "seconds_per_sample": [float(t) for t in seconds_per_sample],
+                "gain": float(gain)}
+
+    # ---------------------------------------------------------- checkpoint
+    def state(self) -> dict:
+        """JSON-able state (checkpoint metadata)."""
+        return {"shares": list(self.shares), "history": list(self.history)}
+
+    def resume(self, path) -> None:
+        """Take the shares saved in checkpoint ``path``; **collective** over the workers."""
+        from .checkpoint import read_meta
+
+        state = read_meta(path).get("batch_shares") if self.index == 0 else None
+        self.load(self.topology.workers.bcast(state, root=0))
+
+    def load(self, state) -> None:
+        """Continue from :meth:`state` (kept only when the worker count is the same)."""
+        shares = list((state or {}).get("shares") or [])
+        if self.adaptive and len(shares) == self.workers and sum(shares) == self.global_batch:
+            self.shares = [int(s) for s in shares]
+            self.history = list(state.get("history", []))
