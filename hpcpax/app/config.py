@@ -113,6 +113,8 @@ FLAGS = (
          "the global batch and gradient stay BSP's"),
     Flag("rebalance_every", "int", 20, "batch_shares speed: steps between re-evaluations",
          minimum=1),
+    Flag("trace", "str", None, "write a per-rank timeline of the BSP steps to this file "
+         "(Chrome/Perfetto trace-event JSON: phases, barrier waits, decisions)"),
     Flag("bucket_bytes", "int", 1 << 20, "dense allreduce fusion buffer bytes (0: autotune)",
          minimum=0),
     # run directory, checkpoints, evaluation
@@ -365,7 +367,7 @@ def _check_consistency(config):
     check_batch_shares(config["batch_shares"])
     if not (default.relaxed or any(m.relaxed for m in per_variable.values())):
         return
-    for key in ("partition_search", "replan_every", "batch_shares"):
+    for key in ("partition_search", "replan_every", "batch_shares", "trace"):
         if config[key]:
             raise ConfigError(f"{key} needs consistency bsp, not {config['consistency']!r} "
                               "(relaxed models keep the plan fixed)")

@@ -34,13 +34,13 @@ from ..plan.controller import PlanController
 from ..plan.records import record_run
 from . import build, relaxed_run
 from .checkpointing import RunCheckpoints
-from .balance import BatchBalancer
 from .commands import CommandChannel
 from .config import resolve
 from .datasets import build_model, open_data
 from .evaluation import evaluate
 from .metrics import MetricsWriter, ProgressBar, json_safe, read_metrics, write_json
 from .preemption import PreemptionHandler
+from .runtime import RunTime
 from .throughput import steady_throughput, unsteady_steps
 from .step_report import (BYTE_PHASES, TIME_PHASES, reduce_step, step_record, summarize,
                           summary_line)
@@ -174,6 +174,7 @@ class Trainer:
             last, train_seconds = self._train_loop(start_step, metrics)
         finally:
             metrics.close()
+        self.runtime.finish()  # the --trace file
         if self.collect:
             self.parameters = self._read_parameters()
         self.commands.run("stop", preempted=self.stopped)
@@ -206,8 +207,7 @@ class Trainer:
                                         self.optimizer, self.device.xp),
             "switch": self.sync.switch, "stop": self._stop})
         self.relaxed = relaxed_run.setup(self)  # stragglers; the relaxed server if asked
-        self.balance = BatchBalancer(config["batch_shares"], config["rebalance_every"], topo,
-                                     config["global_batch"], self.log)
+        self.runtime = RunTime(self)  # balanced BSP (--batch-shares), timeline (--trace)
         if topo.rank == 0:
             write_json(os.path.join(self.run_dir, "config.json"),
                        {**config, "model_config": self.model.config(),
@@ -315,11 +315,11 @@ class Trainer:
     def _loop_step(self, step):
         config, loop = self.config, self._loop
         began = time.perf_counter()
-        loss, local_batch, times = self.train_step(step)
-        self.balance.observe(step, times, local_batch, loop["metrics"])  # --batch-shares
-        loss, stop, times, cumulative = reduce_step(self.topology, loss, local_batch, times,
+        loss, local_batch, mine = self.train_step(step)
+        loss, stop, times, cumulative = reduce_step(self.topology, loss, local_batch, mine,
                                                     self.preemption.requested)
         seconds = time.perf_counter() - began
+        self.runtime.after_step(step, began, mine, local_batch, loop["metrics"])
         loop["seconds"] += seconds
         loop["last"] = step
         self.losses.append(loss)

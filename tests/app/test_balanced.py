@@ -101,3 +101,34 @@ def test_bad_shares_are_refused(comm, tmp_path):
     with pytest.raises(ConfigError, match="summing to the global batch"):
         run(comm, run_dir=shared_dir(comm, tmp_path, "bad"), batch_shares="1," * 12 + "1",
             steps=1)
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.timeout(180)
+def test_trace_holds_every_rank_phases(comm, tmp_path):
+    """--trace: valid trace-event JSON with each worker's phases and barrier waits, one
+    track per rank, and the balancing decision as an instant event; the report names it."""
+    from hpcpax.app.report import summarize
+    from hpcpax.app.timeline import PHASE_ORDER, load_trace
+
+    run_dir = shared_dir(comm, tmp_path, "traced")
+    path = os.path.join(run_dir, "trace.json")
+    trainer = run(comm, run_dir=run_dir, steps=4, trace=path, batch_shares="speed",
+                  rebalance_every=2, straggler=f"{comm.Get_size() - 1}:8")
+    ok = True
+    if comm.Get_rank() == 0:
+        tracks = load_trace(path)
+        with open(path, encoding="utf-8") as handle:
+            events = json.load(handle)["traceEvents"]
+        ok = sorted(tracks) == list(range(comm.Get_size()))
+        ok = ok and all({"data", "pull", "compute", "dense", "optimizer"} <= names
+                        for names in tracks.values())
+        steps = {(e["pid"], e["args"]["step"]) for e in events if e.get("name") == "compute"}
+        ok = ok and steps == {(r, s) for r in range(comm.Get_size()) for s in range(1, 5)}
+        ok = ok and all(e["dur"] >= 0 and e["ts"] >= 0 for e in events if e["ph"] == "X")
+        if comm.Get_size() > 1:  # the straggler's share changed: an instant event
+            ok = ok and any(e["ph"] == "i" and e["name"].startswith("batch shares")
+                            for e in events)
+        ok = ok and set(PHASE_ORDER) >= {"data", "pull", "compute"}
+        ok = ok and f"timeline: {path}" in summarize(run_dir)
+    assert comm.allreduce(bool(ok), op=MPI.LAND)
