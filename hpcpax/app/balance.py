@@ -25,7 +25,7 @@ from ..errors import ConfigError
 from ..plan.shares import (balanced_shares, even_shares, parse_shares, relative_gain,
                            share_ranges)
 
-__all__ = ["BatchBalancer", "MIN_GAIN", "check_batch_shares"]
+__all__ = ["BatchBalancer", "MIN_GAIN", "check_batch_shares", "check_run_time"]
 
 #: Shares change only when the new ones are predicted to save this fraction of
 #: the slowest worker's work (measurement noise does not move samples around).
@@ -47,6 +47,23 @@ def check_batch_shares(spec) -> None:
     if not values or any(v < 1 for v in values):
         raise ConfigError(f"batch_shares must be 'speed' or comma-separated positive ints "
                           f"(one per worker, summing to the global batch), not {spec!r}")
+
+
+def check_run_time(config) -> bool:
+    """Check ``--batch-shares`` and ``--consistency auto``'s exclusions; whether it is auto.
+
+    Raises:
+        ConfigError: a bad ``batch_shares``, or ``auto`` with a setting it
+            decides itself (batch shares) or a live plan search.
+    """
+    check_batch_shares(config["batch_shares"])
+    if config["consistency"] != "auto":
+        return False
+    for key in ("partition_search", "replan_every", "batch_shares"):
+        if config[key]:
+            raise ConfigError(f"{key} and consistency auto exclude each other (auto sets the "
+                              "batch shares and keeps the plan fixed)")
+    return True
 
 
 class BatchBalancer:

@@ -100,7 +100,11 @@ FLAGS = (
     Flag("consistency", "str", "bsp", "bsp (the collective path), ssp:S (a worker runs at most "
          "S steps ahead of the slowest), asp (no bound) or psp:B[,S] (B peers sampled per "
          "pull must be within S steps); per sparse variable after ';', e.g. "
-         "'ssp:3; softmax_b=asp'. Relaxed models need server ranks and --plan ps"),
+         "'ssp:3; softmax_b=asp'; or auto (decided at run time from measured step times: bsp, "
+         "balanced batch shares, ssp:S). Relaxed models and auto need server ranks and --plan "
+         "ps"),
+    Flag("auto_segment", "int", 10, "consistency auto: steps of the first measured segment "
+         "(doubling while the mode stays, up to 8x)", minimum=3),
     Flag("consistency_groups", "str", "worker", "what a relaxed model relaxes: each worker "
          "against the others, or whole nodes (BSP inside a node)", ("worker", "node")),
     Flag("straggler", "str", None, "RANK:FACTOR[,...]: that world rank sleeps (FACTOR - 1) x "
@@ -358,13 +362,14 @@ def _check_combination(config):
 
 def _check_consistency(config):
     from ..ps.consistency import parse_consistency_spec
-    from .balance import check_batch_shares
+    from .balance import check_run_time
     from .stragglers import parse_stalls, parse_straggler
 
-    default, per_variable = parse_consistency_spec(config["consistency"])
     parse_straggler(config["straggler"])
     parse_stalls(config["stalls"])
-    check_batch_shares(config["batch_shares"])
+    if check_run_time(config):  # consistency auto: decided at run time
+        return
+    default, per_variable = parse_consistency_spec(config["consistency"])
     if not (default.relaxed or any(m.relaxed for m in per_variable.values())):
         return
     for key in ("partition_search", "replan_every", "batch_shares", "trace"):

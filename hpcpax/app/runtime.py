@@ -3,7 +3,9 @@
 :class:`RunTime` bundles the trainer's run-time pieces so the training
 loop stays one call per step: the :class:`~hpcpax.app.balance.BatchBalancer`
 (``--batch-shares``) and the :class:`~hpcpax.app.timeline.Timeline`
-(``--trace``), whose decisions appear as instant events on the timeline.
+(``--trace``), whose decisions appear as instant events on the timeline,
+and feeds ``--consistency auto``'s :class:`~hpcpax.app.auto_run.AutoRun`
+every step's figures.
 """
 
 from __future__ import annotations
@@ -30,16 +32,40 @@ class RunTime:
         self.balance = trainer.balance = BatchBalancer(
             config["batch_shares"], config["rebalance_every"], topo, config["global_batch"],
             trainer.log)
-        tracing = topo.is_worker and trainer.relaxed is None
+        self.auto = trainer.relaxed if hasattr(trainer.relaxed, "note") else None
+        tracing = topo.is_worker and (trainer.relaxed is None or self.auto is not None)
         self.timeline = Timeline(config["trace"] if tracing else None, topo)
 
     def after_step(self, step, began, times, local_batch, metrics) -> None:
         """After BSP step ``step`` (begun at ``began``, this worker's phase ``times``):
         record it, and rebalance when due; **collective** over the workers."""
-        self.timeline.step(step, began, times, time.perf_counter())
+        now = time.perf_counter()
+        self.timeline.step(step, began, times, now)
+        if self.auto is not None:  # --consistency auto measures every step
+            self.auto.note(step, times, local_batch, now - began)
         decision = self.balance.observe(step, times, local_batch, metrics)
         if decision is not None:
             self.timeline.instant(f"batch shares {decision['to']}", decision)
+
+    def checkpoint_meta(self) -> dict:
+        """The controllers' state for a checkpoint's metadata."""
+        meta = {"batch_shares": self.balance.state()}
+        if self.auto is not None:
+            meta["auto"] = self.auto.policy.state()
+        return meta
+
+    def resume(self, path) -> None:
+        """Continue the controllers from checkpoint ``path``; **collective** over the workers."""
+        self.balance.resume(path)
+        if self.auto is not None:
+            from .checkpoint import read_meta
+
+            topo = self.trainer.topology
+            state = read_meta(path).get("auto") if topo.worker_index == 0 else None
+            state = topo.workers.bcast(state, root=0)
+            if state:
+                self.auto.policy.load(state)
+                self.balance.shares = list(self.auto.policy.shares)
 
     def finish(self) -> None:
         """Merge and write the trace (``summary.json`` names it); **collective** over the workers."""

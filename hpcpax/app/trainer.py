@@ -32,7 +32,7 @@ from ..comm.watchdog import Watchdog
 from ..options import parse_bytes
 from ..plan.controller import PlanController
 from ..plan.records import record_run
-from . import build, relaxed_run
+from . import auto_run, build, relaxed_run
 from .checkpointing import RunCheckpoints
 from .commands import CommandChannel
 from .config import resolve
@@ -158,7 +158,7 @@ class Trainer:
             for line in self.commands.run("check_disk"):
                 self.log(line, important=True)
             self.reader, self.eval_set = open_data(self.model, config)
-        if self.relaxed is not None:  # --consistency ssp|asp|psp: hpcpax.app.relaxed_run
+        if self.relaxed is not None:  # --consistency ssp|asp|psp|auto: relaxed_run, auto_run
             return self.relaxed.run(wall_start)
         start_step = self._resume() if config["resume"] else 1
         if self.is_leader and not config["quiet"]:
@@ -206,7 +206,7 @@ class Trainer:
             **self.checkpoints.handlers(self.sync, self.dense, self.dense_state,
                                         self.optimizer, self.device.xp),
             "switch": self.sync.switch, "stop": self._stop})
-        self.relaxed = relaxed_run.setup(self)  # stragglers; the relaxed server if asked
+        self.relaxed = auto_run.setup(self)  # stragglers; relaxed server / auto if asked
         self.runtime = RunTime(self)  # balanced BSP (--batch-shares), timeline (--trace)
         if topo.rank == 0:
             write_json(os.path.join(self.run_dir, "config.json"),
@@ -221,7 +221,7 @@ class Trainer:
                 "data_fingerprint": self.checkpoints.data_fingerprint,
                 "topology": self.topology.describe(),
                 "plan": self.planning.current_plan().to_dict(),
-                "batch_shares": self.balance.state(),
+                **self.runtime.checkpoint_meta(),  # batch shares, auto
                 "data_position": step, "rng": "counter-based (seed, step): nothing to save",
                 "job_id": self.job_id}
         path = self.commands.run("save", step=step, meta=json_safe(meta))
@@ -236,7 +236,7 @@ class Trainer:
         with self.watchdog.guard("set-up: resume"):  # bounded like a save inside a step
             step = self.checkpoints.resume(self.commands, self.log)
             if self.checkpoints.resumed_from:
-                self.balance.resume(self.checkpoints.resumed_from)
+                self.runtime.resume(self.checkpoints.resumed_from)
             return step
 
     # ------------------------------------------------------------------ steps

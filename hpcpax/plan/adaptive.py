@@ -15,9 +15,10 @@ decision is broadcast):
 The rules (constants below), first match wins. From ``bsp``/``balanced``:
 
 1. *persistent slowness*: the slowest worker's typical (median) seconds
-   per sample are >= ``PERSISTENT_RATIO`` x the fastest's, and shares
-   proportional to speed save >= ``MIN_GAIN`` of the step -> ``balanced``
-   with those shares;
+   per sample are >= ``PERSISTENT_RATIO`` x the fastest's, in this segment
+   and the one before (the same worker; once ``balanced``, this segment
+   suffices), and shares proportional to speed save >= ``MIN_GAIN`` of the
+   step -> ``balanced`` with those shares;
 2. ``balanced`` but no worker persistently slower any more -> ``bsp``;
 3. *transient stalls*: >= ``MIN_STALL_FRACTION`` of the worker-steps took
    >= ``STALL_FACTOR`` x the worker's typical time, and the waiting they
@@ -187,6 +188,7 @@ class AutoPolicy:
         self.segments = 0
         self.cooldown_until = 0
         self.failures = 0
+        self.slow_worker = None  # the slowest worker of the last segment, when >= the ratio
         self.bsp_loss = self.previous_loss = None
         self.bsp_rate = None
         #: Every decision that changed something (JSON-able dicts).
@@ -240,9 +242,11 @@ class AutoPolicy:
 
     def _persistent(self, figures):
         """``(shares, reason)`` when balancing pays (rule 1), else None."""
-        if figures["persistent_ratio"] < PERSISTENT_RATIO:
-            return None
         times = figures["per_sample"]
+        slow, seen = int(np.argmax(times)), self.slow_worker
+        self.slow_worker = slow if figures["persistent_ratio"] >= PERSISTENT_RATIO else None
+        if self.slow_worker is None or (self.mode != "balanced" and seen != slow):
+            return None  # slower in one segment only: not yet persistent
         proposed = balanced_shares(times, self.global_batch)
         current = self.shares if self.mode == "balanced" else even_shares(self.global_batch,
                                                                           self.workers)
@@ -251,7 +255,6 @@ class AutoPolicy:
                                                                     1e-12)
         if proposed == current or gain < MIN_GAIN:
             return None
-        slow = int(np.argmax(times))
         return proposed, (f"persistent: worker {slow} takes {figures['persistent_ratio']:.2f} x "
                           f"the fastest's time per sample; shares {proposed} save "
                           f"{100 * gain:.0f} % of a step")
@@ -309,7 +312,7 @@ class AutoPolicy:
     def state(self) -> dict:
         """JSON-able state (checkpoint metadata)."""
         keys = ("mode", "staleness", "shares", "segment", "segments", "cooldown_until",
-                "failures", "bsp_loss", "previous_loss", "bsp_rate", "history")
+                "failures", "slow_worker", "bsp_loss", "previous_loss", "bsp_rate", "history")
         return {k: getattr(self, k) for k in keys}
 
     def load(self, state) -> None:

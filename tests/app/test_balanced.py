@@ -98,6 +98,8 @@ def test_bad_shares_are_refused(comm, tmp_path):
         Trainer({**TINY, "batch_shares": "4,x"}, comm=comm)
     with pytest.raises(ConfigError, match="batch_shares needs consistency bsp"):
         Trainer({**TINY, "batch_shares": "speed", "consistency": "ssp:2"}, comm=comm)
+    with pytest.raises(ConfigError, match="batch_shares and consistency auto exclude"):
+        Trainer({**TINY, "batch_shares": "speed", "consistency": "auto"}, comm=comm)
     with pytest.raises(ConfigError, match="summing to the global batch"):
         run(comm, run_dir=shared_dir(comm, tmp_path, "bad"), batch_shares="1," * 12 + "1",
             steps=1)

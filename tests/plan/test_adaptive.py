@@ -68,21 +68,32 @@ def test_transient_stalls_choose_ssp_with_stall_length():
 def test_persistent_straggler_chooses_balanced_bsp():
     policy = AutoPolicy(WORKERS, BATCH, segment=40)
     slow = (1e-3, 1e-3, 2e-3)
-    decision = decide(policy, 40, trace(per_sample=slow))
+    assert decide(policy, 40, trace(per_sample=slow)) is None  # one segment: not persistent
+    decision = decide(policy, 80, trace(per_sample=slow, seed=5))
     assert decision["to"] == "balanced" and policy.shares == [5, 5, 2]
     assert "worker 2" in decision["reason"]
     # balanced: the same slowness keeps the shares; the straggler gone -> bsp, even shares
-    assert decide(policy, 80, trace(per_sample=slow, shares=(5, 5, 2), seed=1)) is None
-    back = decide(policy, 120, trace(shares=(5, 5, 2), seed=2))
+    assert decide(policy, 120, trace(per_sample=slow, shares=(5, 5, 2), seed=1)) is None
+    back = decide(policy, 160, trace(shares=(5, 5, 2), seed=2))
     assert back["to"] == "bsp" and policy.shares == [4, 4, 4]
+
+
+def test_one_slow_segment_is_not_persistent():
+    """A worker slow in one segment, another in the next: no rebalancing."""
+    policy = AutoPolicy(WORKERS, BATCH, segment=40)
+    assert decide(policy, 40, trace(per_sample=(1e-3, 1e-3, 2e-3))) is None
+    assert decide(policy, 80, trace(per_sample=(2e-3, 1e-3, 1e-3))) is None
+    assert decide(policy, 120, trace()) is None and policy.consistency == "bsp"
 
 
 def test_decisions_are_deterministic():
     runs = []
     for _ in range(2):
         policy = AutoPolicy(WORKERS, BATCH, segment=40)
-        decide(policy, 40, trace(per_sample=(1e-3, 1e-3, 2e-3)))
+        for step in (40, 80):
+            decide(policy, step, trace(per_sample=(1e-3, 1e-3, 2e-3)))
         runs.append(policy.state())
+    assert runs[0]["mode"] == "balanced"
     assert runs[0] == runs[1]
 
 
@@ -133,7 +144,8 @@ def test_guard_sends_ssp_back_to_bsp():
 
 def test_state_round_trip():
     policy = AutoPolicy(WORKERS, BATCH, segment=40)
-    decide(policy, 40, trace(per_sample=(1e-3, 1e-3, 2e-3)))
+    for step in (40, 80):
+        decide(policy, step, trace(per_sample=(1e-3, 1e-3, 2e-3)))
     other = AutoPolicy(WORKERS, BATCH, segment=40)
     other.load(policy.state())
     assert other.state() == policy.state() and other.consistency == "balanced"
