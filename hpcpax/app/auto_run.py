@@ -21,7 +21,9 @@ documented there) and broadcasts the policy's state: every rank runs the
 same next segment. A change is printed once, written to ``metrics.jsonl``
 (``{"step", "auto": {from, to, reason, measurements}}``), appears on the
 ``--trace`` timeline and in ``summary.json`` (``auto``), and the policy's
-state is kept in checkpoints (written at segment ends, BSP-style).
+state is kept in checkpoints (BSP-style; one written at a segment's last
+step holds the state before that segment's decision, which a resumed run
+makes again after its first segment).
 The first step of a run is left out of the measurements (warm-up).
 """
 
@@ -102,6 +104,8 @@ class AutoRun:
                         t.loop_step(s)
                         if t.stopped:
                             break
+                        for hook in t.hooks:
+                            hook(t, s)
                 wall = time.perf_counter() - began
                 with t.watchdog.guard(f"auto: decision after step {t._loop['last']}"):
                     self._decide(step, t._loop["last"], wall, metrics, warm=step == 1)

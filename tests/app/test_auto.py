@@ -107,3 +107,36 @@ def test_persistent_straggler_gets_balanced_bsp(comm, tmp_path):
         ok = ok and close(leader_value(comm, auto, auto.parameters),
                           leader_value(comm, plain, plain.parameters))
     assert comm.allreduce(bool(ok), op=MPI.LAND)
+
+
+@pytest.mark.mpi(min_size=3)
+@pytest.mark.timeout(240)
+def test_resume_keeps_the_controller_state(comm, tmp_path, monkeypatch):
+    """A scripted move to balanced shares is in the checkpoint; the resumed run reads with
+    those shares from its first step and ends with plain BSP's parameters."""
+    workers = comm.Get_size() - 1
+    forced = [12 - 2 * (workers - 1)] + [2] * (workers - 1)
+
+    def scripted(self, step, work, batch, seconds, losses, steps, samples_per_s):
+        self.segments += 1
+        if self.mode == "balanced":
+            return None
+        decision = {"step": step, "from": self.consistency, "to": "balanced",
+                    "shares": forced, "reason": "scripted", "measurements": {}}
+        self.mode, self.shares = "balanced", list(forced)
+        self.history.append(decision)
+        return decision
+
+    monkeypatch.setattr(adaptive.AutoPolicy, "decide", scripted)
+    run_dir = shared_dir(comm, tmp_path, "resume")
+    run(comm, run_dir=run_dir, consistency="auto", auto_segment=3, steps=8, checkpoint_every=8)
+    seen = []
+    resumed = Trainer({**TINY, "run_dir": run_dir, "consistency": "auto", "auto_segment": 3,
+                       "steps": 12, "resume": True}, comm=comm, collect=True,
+                      hooks=[lambda trainer, step: seen.append(list(trainer.balance.shares))])
+    resumed.run()
+    plain = run(comm, run_dir=shared_dir(comm, tmp_path, "plain"), steps=12)
+    ok = resumed.topology.is_server or seen == [forced] * 4
+    ok = ok and close(leader_value(comm, resumed, resumed.parameters),
+                      leader_value(comm, plain, plain.parameters))
+    assert comm.allreduce(bool(ok), op=MPI.LAND)
