@@ -163,7 +163,9 @@ def main():
     out["seconds"] = time.perf_counter() - started
     ratio = {}
     for name, (_, modes) in cases.items():
-        pairs = list(zip(*(runs[name][m] for m in modes[:2]))) if len(modes) > 1 else []
+        reference, relaxed = scenarios(size - 1)[name][1][:2]  # bsp against ssp:3 / asp
+        pairs = (list(zip(runs[name][reference], runs[name][relaxed]))
+                 if reference in modes and relaxed in modes else [])
         ratio[name] = [b["samples_per_s"] / a["samples_per_s"] for a, b in pairs]
         ratio[name + "_loss"] = [abs(b["loss"] - a["loss"]) / a["loss"] for a, b in pairs]
         out[name] = {c: {"samples_per_s": spread([x["samples_per_s"] for x in results]),
