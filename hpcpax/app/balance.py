@@ -1,12 +1,13 @@
 """Balanced BSP: each worker reads a share of the global batch (``--batch-shares``).
 
 Under BSP a step waits for the slowest worker. With ``--batch-shares speed``
-every worker measures its own work seconds per sample (the data and compute
+every worker measures its own work seconds per step (the data and compute
 phases: what grows with its share) and every ``--rebalance-every`` steps the
-workers agree new shares proportional to their speeds
-(:func:`hpcpax.plan.shares.balanced_shares`): the medians are gathered, the
-first worker decides, the decision is broadcast, so every rank uses the same
-shares from the next step on. With ``--batch-shares A,B,...`` the shares are
+workers agree new shares that make them finish together
+(:func:`hpcpax.plan.shares.balanced_shares`, on a per-worker model
+``fixed + share x seconds per sample`` fitted to the last evaluations): the
+medians are gathered, the first worker decides, the decision is broadcast,
+so every rank uses the same shares from the next step on. With ``--batch-shares A,B,...`` the shares are
 fixed (tests, a known slow worker).
 
 The global batch is untouched: worker ``w`` reads samples
@@ -22,14 +23,16 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import ConfigError
-from ..plan.shares import (balanced_shares, even_shares, parse_shares, relative_gain,
-                           share_ranges)
+from ..plan.shares import (balanced_shares, even_shares, fit_work, parse_shares,
+                           relative_gain, share_ranges)
 
 __all__ = ["BatchBalancer", "MIN_GAIN", "check_batch_shares", "check_run_time"]
 
 #: Shares change only when the new ones are predicted to save this fraction of
 #: the slowest worker's work (measurement noise does not move samples around).
 MIN_GAIN = 0.05
+#: Evaluations each worker's work model is fitted on (the newest ones).
+HISTORY = 6
 
 
 def check_batch_shares(spec) -> None:
@@ -93,8 +96,9 @@ class BatchBalancer:
                               f"workers, not {self.global_batch}")
         self.shares = fixed or even_shares(self.global_batch, self.workers)
         self._log = log or (lambda text, important=False: None)
-        self._measured = []  # this worker's seconds per sample since the last evaluation
-        #: Every change of shares: ``{step, from, to, seconds_per_sample, gain}``.
+        self._measured = []  # this worker's work seconds per step since the last evaluation
+        self._observed = []  # first worker: [(shares, every worker's median work)], newest last
+        #: Every change: ``{step, from, to, seconds_per_sample, fixed_seconds, gain}``.
         self.history = []
 
     @property
@@ -119,7 +123,7 @@ class BatchBalancer:
         """
         if not self.adaptive:
             return None
-        self._measured.append((times["data"] + times["compute"]) / max(1, local_batch))
+        self._measured.append(times["data"] + times["compute"])
         if step % self.every:
             return None
         mine = float(np.median(self._measured))
@@ -138,24 +142,40 @@ class BatchBalancer:
             self._log(f"step {step}: batch shares {decision['from']} -> {decision['to']}: "
                       "seconds per sample " + ", ".join(
                           f"{t:.3g}" for t in decision["seconds_per_sample"])
+                      + "; fixed seconds " + ", ".join(
+                          f"{t:.3g}" for t in decision["fixed_seconds"])
                       + f"; predicted to save {100 * decision['gain']:.0f} % of the slowest "
                       "worker's work", important=True)
         return decision
 
-    def decide(self, step, seconds_per_sample) -> dict | None:
-        """The new shares from every worker's seconds per sample (None: keep them); pure."""
-        proposed = balanced_shares(seconds_per_sample, self.global_batch)
-        gain = relative_gain(self.shares, proposed, seconds_per_sample)
+    def decide(self, step, work) -> dict | None:
+        """The new shares from every worker's median work seconds per step under the
+        current shares (None: keep them); local, deterministic.
+
+        Each worker's work is modelled as ``fixed + share x seconds per
+        sample``, fitted on the last ``HISTORY`` evaluations
+        (:func:`~hpcpax.plan.shares.fit_work`: proportional to the share until
+        two different shares were seen), so a worker's per-step costs do not
+        make a small share look slow per sample.
+        """
+        self._observed = (self._observed + [(list(self.shares), [float(w) for w in work])])
+        self._observed = self._observed[-HISTORY:]
+        fits = [fit_work([o[0][w] for o in self._observed], [o[1][w] for o in self._observed])
+                for w in range(self.workers)]
+        fixed, per_sample = [f[0] for f in fits], [f[1] for f in fits]
+        proposed = balanced_shares(per_sample, self.global_batch, fixed=fixed)
+        gain = relative_gain(self.shares, proposed, per_sample, fixed)
         if proposed == self.shares or gain < MIN_GAIN:
             return None
         return {"step": int(step), "from": list(self.shares), "to": proposed,
-                "seconds_per_sample": [float(t) for t in seconds_per_sample],
+                "seconds_per_sample": per_sample, "fixed_seconds": fixed,
                 "gain": float(gain)}
 
     # ---------------------------------------------------------- checkpoint
     def state(self) -> dict:
         """JSON-able state (checkpoint metadata)."""
-        return {"shares": list(self.shares), "history": list(self.history)}
+        return {"shares": list(self.shares), "history": list(self.history),
+                "observed": list(self._observed)}
 
     def resume(self, path) -> None:
         """Take the shares saved in checkpoint ``path``; **collective** over the workers."""
@@ -170,3 +190,4 @@ class BatchBalancer:
         if self.adaptive and len(shares) == self.workers and sum(shares) == self.global_batch:
             self.shares = [int(s) for s in shares]
             self.history = list(state.get("history", []))
+            self._observed = [(list(a), list(b)) for a, b in state.get("observed", [])]

@@ -3,8 +3,8 @@
 import pytest
 
 from hpcpax.errors import ConfigError
-from hpcpax.plan.shares import (balanced_shares, even_shares, parse_shares, relative_gain,
-                                share_ranges, step_work)
+from hpcpax.plan.shares import (balanced_shares, even_shares, fit_work, parse_shares,
+                                relative_gain, share_ranges, step_work)
 
 
 def test_even_shares_spread_the_remainder_first():
@@ -68,3 +68,21 @@ def test_bad_arguments():
         balanced_shares([], 10)
     with pytest.raises(ValueError, match="global_batch must be >="):
         balanced_shares([1.0, 1.0, 1.0], 2)
+
+
+def test_fixed_costs_shift_the_shares():
+    # worker 1 has 0.1 s per step that does not grow with its share
+    shares = balanced_shares([1e-3, 1e-3], 400, fixed=[0.0, 0.1])
+    assert shares == [250, 150]  # both finish at 0.25 s
+    assert step_work(shares, [1e-3, 1e-3], [0.0, 0.1]) == pytest.approx(0.25)
+    assert balanced_shares([1e-3, 1e-3], 400, fixed=[0.0, 0.0]) == [200, 200]
+
+
+def test_fit_work_recovers_the_line():
+    fixed, per_sample = fit_work([100, 150, 50], [0.05 + 1e-3 * s for s in (100, 150, 50)])
+    assert fixed == pytest.approx(0.05) and per_sample == pytest.approx(1e-3)
+    # one share seen: proportional
+    assert fit_work([100, 100], [0.2, 0.2]) == (0.0, pytest.approx(2e-3))
+    # a negative intercept is clamped to 0, the slope refitted through the origin
+    fixed, per_sample = fit_work([100, 200], [0.05, 0.2])
+    assert fixed == 0.0 and per_sample == pytest.approx((5 + 40) / (1e4 + 4e4))
