@@ -76,7 +76,7 @@ class RunCheckpoints:
                             for k in differ[:4]))
         error = None
         try:
-            sync.restore_rows(lambda name, ids: ckpt.load_rows(path, name, ids))
+            sync.restore_rows(lambda name, keep: ckpt.load_matching(path, name, keep))
             if topo.is_worker:
                 _load_dense(path, dense, dense_state, optimizer, xp)
         except CheckpointError as exc:

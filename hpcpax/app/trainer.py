@@ -31,6 +31,7 @@ from ..comm.agreement import check_same
 from ..comm.watchdog import Watchdog
 from ..options import parse_bytes
 from ..plan.controller import PlanController
+from ..ps.memory import table_report
 from . import build
 from . import checkpoint as ckpt
 from .checkpointing import RunCheckpoints
@@ -156,6 +157,8 @@ class Trainer:
         try:
             with PreemptionHandler() as preemption:
                 last, train_seconds, preempted = self._train_loop(start_step, metrics, preemption)
+            # rows held, created and evicted per ps table (every rank's shards)
+            self.tables = self.commands.run("tables")
         finally:
             metrics.close()
         if self.collect:
@@ -186,7 +189,8 @@ class Trainer:
                                        else "table")
         self.planning.measure_fabric()
         self.commands = CommandChannel(topo, self.ps, {
-            "save": self._save, "load": self._load, "switch": self.sync.switch})
+            "save": self._save, "load": self._load, "switch": self.sync.switch,
+            "tables": lambda: table_report(topo.comm, self.ps)})
         if topo.rank == 0:
             write_json(os.path.join(self.run_dir, "config.json"),
                        {**config, "model_config": self.model.config(),
@@ -385,6 +389,7 @@ class Trainer:
                      everyone=True)
             return {"rank": topo.rank, "role": topo.role}
         self._bar.close()
+        summary["tables"] = getattr(self, "tables", {})
         write_json(os.path.join(self.run_dir, "summary.json"), summary)
         if not self.config["quiet"]:
             print(summary_line(summary, self.run_dir), flush=True)

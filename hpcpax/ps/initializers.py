@@ -4,7 +4,14 @@ Row ``r`` of variable ``v`` is a pure function of ``(seed, v, r)``: a
 counter-based generator (SplitMix64 over the element's global counter), never
 a stream shared by a partition. So the initial table is identical for any
 number of servers, partitions or nodes, which makes BSP training exactly
-comparable across layouts.
+comparable across layouts, and a row created on first touch, in any order,
+gets the value it would have had in a table built whole.
+
+The counter of element ``j`` of row ``r`` is ``r * dim + j`` as a 128-bit
+number: its low 64 bits are hashed with the variable's key, and a non-zero
+high word (ids of ``2**64 / dim`` and above, e.g. hashed 64-bit ids) is
+mixed into that key, so no two elements of a table share a counter. Below
+that the values are those of the plain 64-bit counter.
 """
 
 from __future__ import annotations
@@ -12,6 +19,8 @@ from __future__ import annotations
 import zlib
 
 import numpy as np
+
+from ..ops import _numba
 
 __all__ = ["variable_key", "uniform_rows", "INITIALIZERS", "init_rows"]
 
@@ -33,16 +42,42 @@ def _splitmix64(x: np.ndarray) -> np.ndarray:
         return z ^ (z >> np.uint64(31))
 
 
+def _element_keys(key, rows, dim, low_word):
+    """The key of each element: ``key``, mixed with the counter's high word where non-zero."""
+    if not rows.size or int(rows.max()) <= ((1 << 64) - dim) // dim:
+        return key  # every counter fits in 64 bits
+    mask = np.uint64(0xFFFFFFFF)
+    with np.errstate(over="ignore"):
+        # high word of rows * dim from 32-bit halves (dim < 2**32), plus the carry of + j
+        mid = (rows >> np.uint64(32)) * np.uint64(dim) + (((rows & mask) * np.uint64(dim))
+                                                           >> np.uint64(32))
+        high = (mid >> np.uint64(32))[:, None] + (
+            low_word < np.arange(dim, dtype=np.uint64)[None, :]).astype(np.uint64)
+        return np.where(high == 0, key, key ^ _splitmix64(high))
+
+
 def uniform_rows(key: np.uint64, rows, dim: int, low: float, high: float,
                  dtype="float32") -> np.ndarray:
     """Values U(low, high) of the given global ``rows``, shape ``[len(rows), dim]``.
 
-    Host (NumPy) result. The same row always gets the same values.
+    Host (NumPy) result. The same row always gets the same values. Runs
+    the Numba twin (same bits) when :func:`hpcpax.ops._numba.enabled`.
     """
-    rows = np.asarray(rows, np.uint64)
+    rows = np.ascontiguousarray(rows, np.uint64)
+    if dim >= 1 << 32:
+        raise ValueError(f"dim must be < 2**32, not {dim}")
+    if rows.size and _numba.enabled():
+        from ..ops import _numba_initializers  # noqa: PLC0415  (lazy: imports Numba)
+
+        out = np.empty((rows.size, dim), dtype)
+        with _numba.threads_for(out.size * 8):
+            _numba_initializers.uniform_rows(np.uint64(key), rows, float(low), float(high),
+                                             np.uint64(((1 << 64) - dim) // dim), out)
+        return out
     with np.errstate(over="ignore"):
         counter = rows[:, None] * np.uint64(dim) + np.arange(dim, dtype=np.uint64)[None, :]
-        bits = _splitmix64(_splitmix64(counter ^ key) + key)
+        keys = _element_keys(np.uint64(key), rows, dim, counter)
+        bits = _splitmix64(_splitmix64(counter ^ keys) + keys)
     unit = (bits >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))
     return (low + (high - low) * unit).astype(dtype)
 

@@ -33,7 +33,7 @@ from ..comm.agreement import check_same
 from ..errors import ConfigError, NonFiniteError, SparseIndexError
 from ..ops import dedup_sum
 from . import protocol as wire
-from .memory import check_memory_budget
+from .memory import RankMemory, check_memory_budget, check_whole_table, owner_budget
 from .movement import DataMovement
 from .reshard import export_rows, gather_table, repartition_collective
 from .sparse_grad import SparseGrad, check_indices
@@ -74,12 +74,15 @@ class ParameterServer:
         self._by_index = []
         self._wire = wire.Protocol(topology, self._by_index, nonfinite)
         self._movement = DataMovement(topology, reduce)
+        self._movement.on_owner_error = self._wire.defer  # raised on every rank, next header
         #: Optional object with a ``guard(name)`` context manager (e.g.
         #: :class:`hpcpax.comm.watchdog.Watchdog`); :meth:`serve` runs each
         #: operation inside it, so a server stuck in a collective is reported.
         self.watchdog = None
         #: Bytes this rank may hold (None: a share of the host's memory).
         self.memory_budget = None
+        #: The rows this rank holds against that budget, checked as tables grow.
+        self.memory = RankMemory(lambda: owner_budget(self))
 
     @property
     def skipped_pushes(self) -> int:
@@ -104,12 +107,14 @@ class ParameterServer:
         self._wire.header(wire.OP_REGISTER, -1, wire.STATUS_OK, len(specs))
         self.register_collective(specs)
 
-    def register_collective(self, specs) -> None:
+    def register_collective(self, specs, whole=False) -> None:
         """The body of :meth:`register` on every rank (servers pass ``[]``).
 
         **Collective** over ``topology.comm``, without the header: for
         callers that already have every rank at the same point (a method
-        switch in a trainer command).
+        switch in a trainer command). Tables start empty (rows are created
+        on first touch); ``whole=True`` (same on every rank) says every row
+        is about to be loaded, so the budget check counts them all.
         """
         topo = self.topology
         first = topo.worker_ranks[0]
@@ -118,9 +123,10 @@ class ParameterServer:
         check_same(topo.comm, "sparse variable specs",
                    {f"spec[{i}]": s.to_dict() for i, s in enumerate(mine)}
                    | {"count": len(mine)})
-        check_memory_budget(self, agreed)  # every rank refuses together, before allocating
+        check_memory_budget(self, agreed, whole)  # every rank refuses together
+        self.memory.refresh()
         for spec in agreed:
-            var = PsVariable(len(self._by_index), spec, topo, self.seed)
+            var = PsVariable(len(self._by_index), spec, topo, self.seed, memory=self.memory)
             self.variables[spec.name] = var
             self._by_index.append(var)
 
@@ -287,7 +293,10 @@ class ParameterServer:
 
         **Collective** over ``topology.comm``, called by every rank outside
         :meth:`serve` (for switching a variable to a replicated method).
-        Returns ``(table, row_state, scalar_state)`` as host arrays.
+        Returns ``(table, row_state, scalar_state)`` as host arrays; rows
+        never touched hold their initial values. A table larger than
+        ``HPCPAX_REPLICA_MEMORY`` is refused on every rank
+        (:class:`~hpcpax.errors.ConfigError`) before anything moves.
         """
         return gather_table(self.topology.comm, self._var(name))
 
@@ -315,15 +324,28 @@ class ParameterServer:
             raise ValueError(f"num_partitions must be a positive int, not {num_partitions!r}")
         self._wire.header(wire.OP_REPARTITION, var.index, wire.STATUS_OK, int(num_partitions))
         owners = self.topology.comm.bcast(owners, root=self.topology.worker_ranks[0])
-        repartition_collective(self.topology, self.accounting, var, int(num_partitions), owners)
+        error = repartition_collective(self.topology, self.accounting, var, int(num_partitions),
+                                       owners)
+        if error is not None:
+            self._wire.defer(error)
 
     def read_table(self, name):
         """The whole table of ``name`` on every worker (host array).
 
-        **Collective**; for tests, evaluation and small tables only.
+        **Collective**; for tests, evaluation and small tables only: a
+        table larger than ``HPCPAX_REPLICA_MEMORY`` is refused
+        (:class:`~hpcpax.errors.ConfigError`, on every worker, before any
+        communication). Every row is created on its owner.
         """
         var = self._var(name)
+        check_whole_table(var.spec, "read_table")
         return self.pull(name, np.arange(var.spec.rows, dtype=np.int64))
+
+    def table_stats(self) -> dict:
+        """``{name: counters}`` of this rank's shards (rows held and created,
+        evictions, bytes; see :meth:`~hpcpax.ps.table.TableShard.stats`). Local."""
+        return {name: var.shard.stats() for name, var in self.variables.items()
+                if var.shard is not None}
 
     # --------------------------------------------------------------- serve
     def serve(self) -> None:
@@ -353,8 +375,10 @@ class ParameterServer:
             return
         if op == wire.OP_REPARTITION:
             owners = self.topology.comm.bcast(None, root=self.topology.worker_ranks[0])
-            repartition_collective(self.topology, self.accounting, self._by_index[index],
-                                   argument, owners)
+            error = repartition_collective(self.topology, self.accounting,
+                                           self._by_index[index], argument, owners)
+            if error is not None:
+                self._wire.defer(error)
             return
         group = (self._wire.batch(index, argument) if op in wire.MANY_OPS
                  else [self._by_index[index]])
