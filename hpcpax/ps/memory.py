@@ -40,7 +40,7 @@ from ..options import format_bytes, options
 __all__ = ["MemoryBudgetError", "available_memory", "default_budget", "owner_budget", "table_bytes",
            "check_memory_budget", "DEFAULT_FRACTION", "RankMemory", "row_footprint",
            "whole_table_bytes", "replicable", "check_whole_table", "MAP_BYTES_PER_ROW",
-           "table_report"]
+           "table_stats", "table_report"]
 
 class MemoryBudgetError(ConfigError):
     """A table would grow beyond its owner's memory budget (and does not evict)."""
@@ -230,17 +230,23 @@ def check_whole_table(spec, what: str) -> None:
             f"(method ps) and read the rows you need with pull")
 
 
+def table_stats(ps) -> dict:
+    """``{name: counters}`` of this rank's shards of ``ps`` (rows held and created,
+    evictions, bytes; see :meth:`~hpcpax.ps.table.TableShard.stats`). Local."""
+    return {name: var.shard.stats() for name, var in ps.variables.items()
+            if var.shard is not None}
+
+
 def table_report(comm, ps) -> dict:
     """Every ``ps`` variable's rows over all owners. **Collective** over ``comm``.
 
-    One ``allgather`` of each rank's
-    :meth:`~hpcpax.ps.server.ParameterServer.table_stats`. Returns
+    One ``allgather`` of each rank's :func:`table_stats`. Returns
     ``{name: {"rows", "rows_held", "rows_created", "rows_evicted",
     "evictions", "bytes", "max_owner_bytes", "eviction"}}`` (``rows``: the
     declared rows; counters summed over owners).
     """
     report = {}
-    for stats in comm.allgather(ps.table_stats()):
+    for stats in comm.allgather(table_stats(ps)):
         for name, entry in stats.items():
             spec = ps.variables[name].spec
             total = report.setdefault(name, {"rows": int(spec.rows), "rows_held": 0,

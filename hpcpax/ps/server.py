@@ -33,7 +33,8 @@ from ..comm.agreement import check_same
 from ..errors import ConfigError, NonFiniteError, SparseIndexError
 from ..ops import dedup_sum
 from . import protocol as wire
-from .memory import RankMemory, check_memory_budget, check_whole_table, owner_budget
+from .memory import (MemoryBudgetError, RankMemory, check_memory_budget, check_whole_table,
+                     owner_budget)
 from .movement import DataMovement
 from .reshard import export_rows, gather_table, repartition_collective
 from .sparse_grad import SparseGrad, check_indices
@@ -309,7 +310,10 @@ class ParameterServer:
         """
         shard = self._var(name).shard
         if shard is not None:
-            shard.load_whole(table, row_state, scalars)
+            try:
+                shard.load_whole(table, row_state, scalars)
+            except MemoryBudgetError as exc:  # raised on every rank at the next header
+                self._wire.defer(exc)
 
     def repartition(self, name, num_partitions, owners=None) -> None:
         """Move ``name`` to ``num_partitions`` partitions, live and exactly.
@@ -340,12 +344,6 @@ class ParameterServer:
         var = self._var(name)
         check_whole_table(var.spec, "read_table")
         return self.pull(name, np.arange(var.spec.rows, dtype=np.int64))
-
-    def table_stats(self) -> dict:
-        """``{name: counters}`` of this rank's shards (rows held and created,
-        evictions, bytes; see :meth:`~hpcpax.ps.table.TableShard.stats`). Local."""
-        return {name: var.shard.stats() for name, var in self.variables.items()
-                if var.shard is not None}
 
     # --------------------------------------------------------------- serve
     def serve(self) -> None:

@@ -107,7 +107,7 @@ class VariableSync:
                 self.replica.method = method
         else:
             if self.name not in self.ps.variables:
-                self.ps.register_collective([self.spec] if topo.is_worker else [])
+                self.ps.register_collective([self.spec] if topo.is_worker else [], whole=True)
             payload = None
             if topo.is_worker and topo.worker_index == 0:
                 table, rows, scalars = self.replica.shard.export()[1:]

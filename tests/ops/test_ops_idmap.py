@@ -27,7 +27,8 @@ def test_idmap_matches_a_dict(use_numba, space):
         next_slot += new.size
         if step % 4 == 3:  # evict a strided sample, plus ids never held (ignored)
             gone = np.array(sorted(reference))[::5]
-            idmap.remove(np.concatenate([gone, [space - 1 - step]]))
+            never = [i for i in rng.integers(0, space, 8).tolist() if i not in reference]
+            idmap.remove(np.concatenate([gone, never]).astype(np.int64))
             for key in gone.tolist():
                 reference.pop(key)
         assert len(idmap) == len(reference)
