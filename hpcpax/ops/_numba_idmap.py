@@ -68,6 +68,34 @@ def lookup_parallel(keys, values, ids, out):
 
 
 @nb.njit(cache=True, nogil=True)
+def lookup_or_insert(keys, values, ids, first_slot, out, new_ids):
+    """``out[i]`` = slot of ``ids[i]``; absent ids get ``first_slot``, ``first_slot + 1``...
+    in order of first appearance (listed in ``new_ids``). Returns how many were new.
+
+    The table must have room for every id (the caller reserves it).
+    """
+    mask = keys.size - 1
+    added = 0
+    for i in range(ids.size):
+        key = ids[i]
+        b = _home(key, mask)
+        while True:
+            found = keys[b]
+            if found == key:
+                out[i] = values[b]
+                break
+            if found == EMPTY:
+                keys[b] = key
+                values[b] = first_slot + added
+                out[i] = first_slot + added
+                new_ids[added] = key
+                added += 1
+                break
+            b = (b + 1) & mask
+    return added
+
+
+@nb.njit(cache=True, nogil=True)
 def insert(keys, values, ids, slots):
     """Set ``ids[i] -> slots[i]`` (an id already present is overwritten); returns new keys."""
     mask = keys.size - 1

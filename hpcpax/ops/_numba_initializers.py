@@ -25,29 +25,42 @@ def _splitmix64(x):
     return z ^ (z >> np.uint64(31))
 
 
-@nb.njit(cache=True, nogil=True, parallel=True)
-def uniform_rows(key, rows, low, high, fits, out):
-    """``out[i, j]`` = U(low, high) value of element ``j`` of row ``rows[i]`` under ``key``.
+@nb.njit(cache=True, nogil=True, inline="always")
+def _row(key, row, low, span, fits, out, i):
+    """Row ``i`` of ``out``: the values of global row ``row``.
 
     Rows up to ``fits`` have counters below ``2**64`` (the common case).
     """
     dim = out.shape[1]
     udim = np.uint64(dim)
+    base = row * udim  # low word of the counter (wraps)
+    if row <= fits:
+        for j in range(dim):
+            bits = _splitmix64(_splitmix64((base + np.uint64(j)) ^ key) + key)
+            out[i, j] = low + span * (np.float64(bits >> np.uint64(11)) * _UNIT)
+        return
     mask = np.uint64(0xFFFFFFFF)
+    top = ((row >> np.uint64(32)) * udim + (((row & mask) * udim) >> np.uint64(32))) \
+        >> np.uint64(32)
+    for j in range(dim):
+        counter = base + np.uint64(j)
+        high_word = top + np.uint64(1 if counter < np.uint64(j) else 0)
+        k = key if high_word == np.uint64(0) else key ^ _splitmix64(high_word)
+        bits = _splitmix64(_splitmix64(counter ^ k) + k)
+        out[i, j] = low + span * (np.float64(bits >> np.uint64(11)) * _UNIT)
+
+
+@nb.njit(cache=True, nogil=True)
+def uniform_rows_serial(key, rows, low, high, fits, out):
+    """``out[i]`` = U(low, high) values of row ``rows[i]`` under ``key`` (one thread)."""
+    span = high - low
+    for i in range(rows.size):
+        _row(key, rows[i], low, span, fits, out, i)
+
+
+@nb.njit(cache=True, nogil=True, parallel=True)
+def uniform_rows(key, rows, low, high, fits, out):
+    """:func:`uniform_rows_serial`, parallel over rows."""
     span = high - low
     for i in prange(rows.size):
-        row = rows[i]
-        base = row * udim  # low word of the counter (wraps)
-        if row <= fits:
-            for j in range(dim):
-                bits = _splitmix64(_splitmix64((base + np.uint64(j)) ^ key) + key)
-                out[i, j] = low + span * (np.float64(bits >> np.uint64(11)) * _UNIT)
-            continue
-        top = ((row >> np.uint64(32)) * udim + (((row & mask) * udim) >> np.uint64(32))) \
-            >> np.uint64(32)
-        for j in range(dim):
-            counter = base + np.uint64(j)
-            high_word = top + np.uint64(1 if counter < np.uint64(j) else 0)
-            k = key if high_word == np.uint64(0) else key ^ _splitmix64(high_word)
-            bits = _splitmix64(_splitmix64(counter ^ k) + k)
-            out[i, j] = low + span * (np.float64(bits >> np.uint64(11)) * _UNIT)
+        _row(key, rows[i], low, span, fits, out, i)

@@ -86,6 +86,34 @@ class IdMap:
         np.copyto(out, np.where(hit, self._values[position], -1))
         return out, int(ids.size - np.count_nonzero(hit))
 
+    def lookup_or_insert(self, ids, first_slot: int):
+        """``(slots, new ids)``: each id's slot, the absent ones inserted first.
+
+        Absent ids (``>= 0``; repeats allowed) get slots ``first_slot``,
+        ``first_slot + 1``, ... in the order of ``new ids`` (first appearance
+        with Numba, ascending without). One pass over the ids with Numba.
+        """
+        ids = _ids(ids)
+        if self._kernels is None or ids.size == 0:
+            slots, missing = self.lookup(ids)
+            if not missing:
+                return slots, np.zeros(0, np.int64)
+            absent = slots < 0
+            new_ids, inverse = np.unique(ids[absent], return_inverse=True)
+            new_slots = np.arange(first_slot, first_slot + new_ids.size, dtype=np.int64)
+            self.insert(new_ids, new_slots)
+            slots[absent] = new_slots[inverse.reshape(-1)]
+            return slots, new_ids
+        if int(ids.min()) < 0:
+            raise ValueError(f"ids must be >= 0, not {int(ids.min())}")
+        self._reserve(self._count + ids.size)
+        out = np.empty(ids.size, np.int64)
+        new_ids = np.empty(ids.size, np.int64)
+        added = int(self._kernels.lookup_or_insert(self._keys, self._values, ids,
+                                                   np.int64(first_slot), out, new_ids))
+        self._count += added
+        return out, new_ids[:added]
+
     def insert(self, ids, slots) -> None:
         """Map each of ``ids`` (unique, not yet held, ``>= 0``) to ``slots``."""
         ids, slots = _ids(ids), _ids(slots, "slots")

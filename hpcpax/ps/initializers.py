@@ -21,6 +21,7 @@ import zlib
 import numpy as np
 
 from ..ops import _numba
+from ..options import options
 
 __all__ = ["variable_key", "uniform_rows", "INITIALIZERS", "init_rows"]
 
@@ -57,11 +58,13 @@ def _element_keys(key, rows, dim, low_word):
 
 
 def uniform_rows(key: np.uint64, rows, dim: int, low: float, high: float,
-                 dtype="float32") -> np.ndarray:
+                 dtype="float32", out=None) -> np.ndarray:
     """Values U(low, high) of the given global ``rows``, shape ``[len(rows), dim]``.
 
-    Host (NumPy) result. The same row always gets the same values. Runs
-    the Numba twin (same bits) when :func:`hpcpax.ops._numba.enabled`.
+    Host (NumPy) result, written into ``out`` when given (a C-contiguous
+    ``[len(rows), dim]`` array of ``dtype``, e.g. the rows of a table about
+    to hold them). The same row always gets the same values. Runs the Numba
+    twin (same bits) when :func:`hpcpax.ops._numba.enabled`.
     """
     rows = np.ascontiguousarray(rows, np.uint64)
     if dim >= 1 << 32:
@@ -69,32 +72,52 @@ def uniform_rows(key: np.uint64, rows, dim: int, low: float, high: float,
     if rows.size and _numba.enabled():
         from ..ops import _numba_initializers  # noqa: PLC0415  (lazy: imports Numba)
 
-        out = np.empty((rows.size, dim), dtype)
-        with _numba.threads_for(out.size * 8):
-            _numba_initializers.uniform_rows(np.uint64(key), rows, float(low), float(high),
-                                             np.uint64(((1 << 64) - dim) // dim), out)
-        return out
+        if out is None or not out.flags.c_contiguous:
+            target = np.empty((rows.size, dim), dtype)
+        else:
+            target = out
+        args = (np.uint64(key), rows, float(low), float(high),
+                np.uint64(((1 << 64) - dim) // dim), target)
+        if target.size < options.numba_serial_below:  # no parallel region to set up
+            _numba_initializers.uniform_rows_serial(*args)
+        else:
+            with _numba.threads_for(target.size):
+                _numba_initializers.uniform_rows(*args)
+        if out is not None and target is not out:
+            out[...] = target
+        return target if out is None else out
     with np.errstate(over="ignore"):
         counter = rows[:, None] * np.uint64(dim) + np.arange(dim, dtype=np.uint64)[None, :]
         keys = _element_keys(np.uint64(key), rows, dim, counter)
         bits = _splitmix64(_splitmix64(counter ^ keys) + keys)
     unit = (bits >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))
-    return (low + (high - low) * unit).astype(dtype)
+    values = (low + (high - low) * unit).astype(dtype)
+    if out is None:
+        return values
+    out[...] = values
+    return out
 
 
-def _uniform(key, rows, dim, dtype, scale):
-    return uniform_rows(key, rows, dim, -scale, scale, dtype)
+def _uniform(key, rows, dim, dtype, scale, out=None):
+    return uniform_rows(key, rows, dim, -scale, scale, dtype, out)
 
 
-def _zeros(key, rows, dim, dtype, scale):
-    return np.zeros((len(rows), dim), dtype)
+def _fill(value, rows, dim, dtype, out):
+    if out is None:
+        return np.full((len(rows), dim), value, dtype)
+    out[...] = value
+    return out
 
 
-def _constant(key, rows, dim, dtype, scale):
-    return np.full((len(rows), dim), scale, dtype)
+def _zeros(key, rows, dim, dtype, scale, out=None):
+    return _fill(0, rows, dim, dtype, out)
 
 
-#: name -> function(key, rows, dim, dtype, scale) -> rows
+def _constant(key, rows, dim, dtype, scale, out=None):
+    return _fill(scale, rows, dim, dtype, out)
+
+
+#: name -> function(key, rows, dim, dtype, scale, out=None) -> rows (in ``out`` if given)
 INITIALIZERS = {"uniform": _uniform, "zeros": _zeros, "constant": _constant}
 
 

@@ -31,15 +31,18 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import ConfigError
+from ..ops import _numba
 from ..ops.idmap import IdMap
 from ..options import format_bytes
-from .initializers import init_rows
+from .initializers import INITIALIZERS, variable_key
 from .memory import MemoryBudgetError, row_footprint
 
 __all__ = ["LazyRows", "CHUNK_ROWS", "EVICTION_POLICIES"]
 
 #: Granularity of growth (rows).
 CHUNK_ROWS = 1024
+#: New elements below which rows are initialized by the bound serial kernel.
+_SERIAL_INIT = 1 << 16
 #: ``SparseVariableSpec.eviction`` values.
 EVICTION_POLICIES = ("none", "lru")
 
@@ -76,6 +79,12 @@ class LazyRows:
         self.top = 0  # slots ever handed out; those above are fresh
         self.free = np.empty(0, np.int64)  # freed (evicted) slots, reused first
         self.footprint = row_footprint(spec, optimizer, self.lru)
+        # the initializer's key and a new row's optimizer slots, computed once
+        self._initializer = INITIALIZERS[spec.initializer]
+        self._key = variable_key(seed, spec.name) if seed is not None else None
+        fresh = optimizer.init_state((1, spec.dim), np.dtype(spec.dtype), np)
+        self._fresh_slots = {k: fresh[k][0] for k in optimizer.row_slots}
+        self._write_uniform = self._uniform_kernel()
         #: Rows created (on first touch, re-creations after eviction included).
         self.created = 0
         #: Rows evicted, and eviction passes.
@@ -123,6 +132,20 @@ class LazyRows:
                 numbers; nothing is changed then.
         """
         ids = np.asarray(ids, np.int64)
+        if self.free.size == 0 and self.capacity - self.top >= ids.size:
+            # room for every id to be new: one pass finds and creates
+            slots, new_ids = self.map.lookup_or_insert(ids, self.top)
+            if self.lru:
+                self.clock += 1
+                self.last_use[slots] = self.clock
+            if new_ids.size:
+                fresh = slice(self.top, self.top + new_ids.size)
+                self.top += new_ids.size
+                self.slot_ids[fresh] = new_ids
+                if initialize:
+                    self._initialize(new_ids, fresh)
+                self.created += new_ids.size
+            return slots
         slots, missing = self.map.lookup(ids)
         if self.lru:
             self.clock += 1
@@ -154,11 +177,29 @@ class LazyRows:
         if self.seed is None:
             raise ConfigError(f"{spec.name}: rows {ids[:3].tolist()} are not held here and "
                               "this shard has no initializer seed")
-        self.table[slots] = init_rows(spec.initializer, self.seed, spec.name, ids, spec.dim,
-                                      spec.dtype, spec.init_scale)
-        fresh = self.optimizer.init_state((ids.size, spec.dim), np.dtype(spec.dtype), np)
-        for key in self.optimizer.row_slots:
-            self.state[key][slots] = fresh[key]
+        if isinstance(slots, slice) and self._write_uniform is not None \
+                and ids.size * spec.dim < _SERIAL_INIT:  # the common case, in place
+            self._write_uniform(ids.view(np.uint64), self.table[slots])
+        elif isinstance(slots, slice):  # fresh slots: written in place
+            self._initializer(self._key, ids, spec.dim, spec.dtype, spec.init_scale,
+                              out=self.table[slots])
+        else:
+            self.table[slots] = self._initializer(self._key, ids, spec.dim, spec.dtype,
+                                                  spec.init_scale)
+        for key, row in self._fresh_slots.items():
+            self.state[key][slots] = row
+
+    def _uniform_kernel(self):
+        """The Numba uniform initializer bound to this variable (None: other paths)."""
+        spec = self.spec
+        if spec.initializer != "uniform" or self._key is None or not _numba.enabled():
+            return None
+        from ..ops import _numba_initializers  # noqa: PLC0415  (lazy: imports Numba)
+
+        kernel = _numba_initializers.uniform_rows_serial
+        args = (np.uint64(self._key), -float(spec.init_scale), float(spec.init_scale),
+                np.uint64(((1 << 64) - spec.dim) // spec.dim))
+        return lambda rows, out: kernel(args[0], rows, args[1], args[2], args[3], out)
 
     # ---------------------------------------------------------------- growth
     def _allocate(self, count) -> np.ndarray:
@@ -167,8 +208,9 @@ class LazyRows:
         if short > 0:
             self._make_room(short, count)
         reused = min(count, self.free.size)
-        slots = np.concatenate([self.free[self.free.size - reused:],
-                                np.arange(self.top, self.top + count - reused, dtype=np.int64)])
+        slots = np.arange(self.top, self.top + count - reused, dtype=np.int64)
+        if reused:
+            slots = np.concatenate([self.free[self.free.size - reused:], slots])
         self.free = self.free[:self.free.size - reused]
         self.top += count - reused
         return slots

@@ -60,3 +60,18 @@ def test_bad_input_is_refused(use_numba):
         idmap.insert(np.array([1, 2]), np.array([0]))
     with pytest.raises(ValueError, match="ids must be >= 0"):
         idmap.insert(np.array([-1]), np.array([0]))
+
+
+@pytest.mark.parametrize("use_numba", IMPLEMENTATIONS)
+def test_lookup_or_insert_creates_each_new_id_once(use_numba):
+    idmap = IdMap(numba=use_numba)
+    idmap.insert(np.array([10, 20]), np.array([0, 1]))
+    ids = np.array([30, 10, 2**62, 30, 20, 5], np.int64)  # repeats of a new id
+    slots, new = idmap.lookup_or_insert(ids, first_slot=2)
+    assert sorted(new.tolist()) == [5, 30, 2**62] and len(idmap) == 5
+    held = dict(zip(*(a.tolist() for a in idmap.items())))
+    assert held[10] == 0 and held[20] == 1 and sorted(held[i] for i in new.tolist()) == [2, 3, 4]
+    assert [held[i] for i in ids.tolist()] == slots.tolist()
+    again, none = idmap.lookup_or_insert(ids, first_slot=99)
+    assert np.array_equal(again, slots) and none.size == 0
+    assert [held[i] for i in new.tolist()] == list(range(2, 5))  # slots in the order of new
