@@ -85,7 +85,7 @@ class LazyRows:
         fresh = optimizer.init_state((1, spec.dim), np.dtype(spec.dtype), np)
         self._fresh_slots = {k: fresh[k][0] for k in optimizer.row_slots}
         self._write_uniform = self._uniform_kernel()
-        #: Rows created (on first touch, re-creations after eviction included).
+        #: Rows created (on first touch or moved in; re-creations after eviction included).
         self.created = 0
         #: Rows evicted, and eviction passes.
         self.evicted = 0
