@@ -119,7 +119,8 @@ def sparse_specs(model, config) -> list:
         s.name, rows=s.rows, dim=s.dim, dtype=config["dtype"],
         initializer="uniform" if s.init_scale > 0 else "zeros",
         init_scale=float(s.init_scale), optimizer=config["sparse_optimizer"],
-        optimizer_params={"lr": config["sparse_lr"]}) for s in model.sparse_specs()]
+        optimizer_params={"lr": config["sparse_lr"]},
+        eviction=config.get("table_eviction") or "none") for s in model.sparse_specs()]
 
 
 def dense_variables(topology, model, config, xp) -> tuple:

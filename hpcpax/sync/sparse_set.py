@@ -128,6 +128,6 @@ class SparseSync:
         return out
 
     def restore_rows(self, read_rows) -> None:
-        """Load every variable's rows held here; ``read_rows(name, ids)``; local."""
+        """Load every variable's rows held here; ``read_rows(name, keep)``; local."""
         for name, var in self.variables.items():
-            var.restore_rows(lambda ids, name=name: read_rows(name, ids))
+            var.restore_rows(lambda keep, name=name: read_rows(name, keep))
