@@ -17,7 +17,9 @@ call per step phase, for codes that compute their own forward and backward
 
 - Sparse tables follow the plan: ``auto`` (measure each table's sparsity over
   the first ``plan_steps`` pushes, then move each to the method the cost model
-  picks, exactly, with its optimizer state), ``hybrid`` (Parallax's rule),
+  picks, exactly, with its optimizer state; with a single worker nothing
+  moves between workers, so tables stay on the parameter server and nothing
+  is measured), ``hybrid`` (Parallax's rule),
   one method for all (``ps``, ``allgather``, ``allreduce``), or a per-table
   dict / ``plan.json``. :attr:`ModelSync.plan` is the plan in force.
 - Dense gradients go through :class:`~hpcpax.sync.dense_buckets.BucketedAllreduce`:
@@ -141,8 +143,11 @@ class ModelSync:
         self.sync = SparseSync(topo, self.ps, specs, requests, seed=seed)
         #: ``{name: tensor shape and dtype}`` of the dense tensors.
         self.dense = {n: _Tensor(s, d) for n, s, d in zip(dense_names, shapes, dtypes)}
-        self.planning = PlanController(self, mode, label=plan if isinstance(plan, str)
-                                       else "table")
+        label = plan if isinstance(plan, str) else "table"
+        if mode is not None and topo.num_workers == 1:
+            # nothing moves between workers: every method is local, nothing to measure
+            mode, label = None, f"{plan} (one worker: tables stay on the parameter server)"
+        self.planning = PlanController(self, mode, label=label)
         with self.watchdog.guard("set-up: model sync"):
             self.planning.measure_fabric()
             self.sync.register_collective()
