@@ -111,7 +111,7 @@ def train_step(model, optimizers, batch, loss_fn=nn.BCEWithLogitsLoss()):
     loss.backward()
     for optimizer in optimizers:
         optimizer.step()
-    return float(loss)
+    return loss.item()
 
 
 def dump(model, path):

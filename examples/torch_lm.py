@@ -110,7 +110,7 @@ def train_step(model, optimizers, batch):
     loss.backward()
     for optimizer in optimizers:
         optimizer.step()
-    return float(loss)
+    return loss.item()
 
 
 def dump(model, path):
