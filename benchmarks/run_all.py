@@ -43,6 +43,7 @@ FULL_JOBS = [
     ("kernels.py", 1, None, []),
     ("sparse_sync.py", 4, None, ["--ranks-per-node", "2", "--servers-per-node", "0"]),
     ("ps_batching.py", 4, 2, []),
+    ("torch_adapter.py", 4, 2, ["--model", "lm"]), ("torch_adapter.py", 4, 2, ["--model", "dlrm"]),
 ]
 #: The same, tiny (``--quick``): the smallest layouts that still cross a node.
 QUICK_JOBS = [
@@ -66,6 +67,10 @@ TARGETS = [
      "as 2 nodes", ">=", 3.0),
     ("ratio_offnode_hpcpax_vs_lower_bound", "off-node bytes hpcpax / lower bound, 4 ranks "
      "as 2 nodes", "<=", 1.05),
+    ("ratio_adapter_vs_torch_ddp_lm", "hpcpax.torch samples/s / torch DDP samples/s, "
+     "examples/torch_lm.py, 4 ranks as 2 nodes", ">=", 1.3),
+    ("overhead_adapter_1rank_lm", "plain torch samples/s / hpcpax.torch samples/s, "
+     "examples/torch_lm.py, 1 rank", "<=", 1.15),
 ]
 
 NOTES = [
@@ -146,6 +151,7 @@ def headline(records, quick):
     lm = (find(records, "torch_lm.py", ranks, 2 if not quick else 2)
           or find(records, "torch_lm.py", ranks, 1) or {})
     base = find(records, "mpi_baselines.py", ranks, nodes) or {}
+    adapter = find(records, "torch_adapter.py", ranks, nodes) or {}
     return {
         "headline_layout": f"{ranks} ranks as {nodes} virtual nodes",
         "ratio_torch_sparse_vs_hpcpax": sparse.get("ratio_torch_vs_hpcpax"),
@@ -153,6 +159,8 @@ def headline(records, quick):
         "ratio_offnode_allgather_vs_hpcpax": base.get("ratio_offnode_allgatherv_vs_hpcpax"),
         "ratio_offnode_torch_sparse_vs_hpcpax": sparse.get("ratio_offnode_torch_vs_hpcpax"),
         "ratio_offnode_hpcpax_vs_lower_bound": base.get("ratio_offnode_hpcpax_vs_lower_bound"),
+        "ratio_adapter_vs_torch_ddp_lm": adapter.get("ratio_vs_torch_ddp"),
+        "overhead_adapter_1rank_lm": adapter.get("overhead_1rank_vs_torch"),
         "ratio_offnode_allgather_vs_lower_bound_push": _ratio(
             base.get("sparse_offnode_bytes_per_step_allgatherv"),
             base.get("sparse_offnode_lower_bound_push_per_step")),
@@ -197,6 +205,10 @@ TABLE_COLUMNS = {
     "kernels.py": None,
     "sparse_sync.py": None,
     "ps_batching.py": None,
+    "torch_adapter.py": ["samples_per_s_torch_ddp", "samples_per_s_adapter",
+                         "ratio_vs_torch_ddp", "samples_per_s_plain_1rank",
+                         "samples_per_s_adapter_1rank", "overhead_1rank_vs_torch",
+                         "bytes_per_step_torch_ddp", "bytes_per_step_adapter"],
 }
 
 

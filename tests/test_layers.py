@@ -1,7 +1,7 @@
 """The architecture, checked: layers import downwards only, no cycles, small modules.
 
 Layers (``ARCHITECTURE.md``), lowest first: ``ops`` < ``comm`` < ``ps`` <
-``sync`` < ``plan`` < ``app``. ``data`` and ``models`` serve the application
+``sync`` < ``plan`` < ``app`` < ``torch`` (the PyTorch adapter). ``data`` and ``models`` serve the application
 and import no layer above ``ops``. ``errors``, ``options`` and ``backend`` are
 the base every layer may use. Every import counts, lazy ones inside functions
 included: a lazy import only hides a dependency, it does not remove it.
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "hpcpax"
-LAYERS = {"ops": 0, "comm": 1, "ps": 2, "sync": 3, "plan": 4, "app": 5,
+LAYERS = {"ops": 0, "comm": 1, "ps": 2, "sync": 3, "plan": 4, "app": 5, "torch": 6,
           "data": 1, "models": 1}
 BASE = {"errors", "options", "backend"}
 #: Planning maths: pure, no MPI anywhere in them.

@@ -41,18 +41,10 @@ import os
 import numpy as np
 
 from ..backend import to_host
-from ..comm.agreement import check_same
-from ..comm.fusion import parse_tensors
-from ..errors import CheckpointError, ConfigError
-from . import checkpoint as ckpt
-from .build import plan_requests
-from .commands import CommandChannel
+from ..errors import ConfigError
+from . import model_state as state
 
 __all__ = ["ModelSync"]
-
-#: Bytes per broadcast when initial tables go from the first worker to the owners.
-_BCAST_CHUNK = 1 << 28
-
 
 class _Tensor:
     """Shape and dtype of a dense tensor (what the planner reads)."""
@@ -99,6 +91,8 @@ class ModelSync:
                  local_aggregation=True, seed=0, dense_op="mean", bucket_bytes=None,
                  plan_steps=10, replan_every=0, replan_threshold=0.1, fabric_seconds=1.0,
                  run_dir=None, quiet=False, timeout=None):
+        from ..comm.agreement import check_same
+        from ..comm.fusion import parse_tensors
         from ..comm.topology import init
         from ..comm.watchdog import Watchdog
         from ..plan.controller import PlanController
@@ -106,6 +100,8 @@ class ModelSync:
         from ..ps.spec import SparseVariableSpec
         from ..sync.dense_buckets import BucketedAllreduce
         from ..sync.sparse_set import SparseSync
+        from .build import plan_requests
+        from .commands import CommandChannel
 
         specs = list(tables)
         for spec in specs:
@@ -136,7 +132,7 @@ class ModelSync:
             "mode": mode, "dense": [[n, list(s), d.name] for n, s, d in
                                     zip(dense_names, shapes, dtypes)]})
         self.watchdog = Watchdog(topo.comm, timeout)
-        self._job_id = topo.comm.bcast(os.environ.get("SLURM_JOB_ID") or str(os.getpid()),
+        self.job_id = topo.comm.bcast(os.environ.get("SLURM_JOB_ID") or str(os.getpid()),
                                        root=0)
         self.ps = ParameterServer(topo, local_aggregation=local_aggregation, seed=seed)
         self.ps.watchdog = self.watchdog
@@ -151,15 +147,15 @@ class ModelSync:
         with self.watchdog.guard("set-up: model sync"):
             self.planning.measure_fabric()
             self.sync.register_collective()
-            self._load_initial(initial)
+            state.load_initial(self, initial)
             self.dense_sync = None
             if topo.is_worker:
                 self.dense_sync = BucketedAllreduce(
                     topo, {n: (s, d) for n, s, d in zip(dense_names, shapes, dtypes)},
                     bucket_bytes=bucket_bytes, op=dense_op, fabric=self.planning.fabric)
         self.commands = CommandChannel(topo, self.ps, {
-            "switch": self.sync.switch, "save": self._save, "load": self._load,
-            "set_table": self._set_table_everywhere})
+            "switch": self.sync.switch, "save": self._save_command,
+            "load": self._load_command, "set_table": self._set_table_command})
         self._step_ids = {}
         self._pending = None
         self._finished = False
@@ -290,54 +286,7 @@ class ModelSync:
     def loop_step(self, step):  # pragma: no cover - the planner's search is off here
         raise ConfigError("the partition search needs the trainer's loop")
 
-    # ----------------------------------------------------------------- tables
-    def _load_initial(self, initial) -> None:
-        """Starting values from the first worker; **collective** (every rank)."""
-        topo = self.topology
-        first = topo.worker_ranks[0]
-        names = None
-        if topo.rank == first:
-            initial = dict(initial or {})
-            unknown = sorted(set(initial) - set(self.sync.variables))
-            names = ([n for n in self.sync.variables if n in initial] if not unknown
-                     else f"initial values for unknown tables {unknown}")
-        names = topo.comm.bcast(names, root=first)
-        if isinstance(names, str):
-            raise ConfigError(names)
-        for name in names:
-            self._set_table(name, initial[name] if topo.rank == first else None)
-
-    def _set_table(self, name, values) -> None:
-        """Whole table ``name`` from the first worker into its holders (every rank).
-
-        Rows only: the optimizer state stays as it is.
-        """
-        topo, spec = self.topology, self.sync[name].spec
-        first = topo.worker_ranks[0]
-        error = None
-        if topo.rank == first:
-            values = np.ascontiguousarray(to_host(values))
-            if values.shape != (spec.rows, spec.dim) or values.dtype != np.dtype(spec.dtype):
-                error = (f"table {name!r} must be {np.dtype(spec.dtype)} of shape "
-                         f"{(spec.rows, spec.dim)}, not {values.dtype} {values.shape}")
-        error = topo.comm.bcast(error, root=first)
-        if error:
-            raise ValueError(error)
-        table = values if topo.rank == first else np.empty((spec.rows, spec.dim), spec.dtype)
-        flat = table.reshape(-1)
-        step = max(1, _BCAST_CHUNK // flat.itemsize)
-        for start in range(0, flat.size, step):
-            topo.comm.Bcast(flat[start:start + step], root=first)
-        var = self.sync[name]
-        if var.method == "ps":
-            self.ps.load_table(name, table, {}, {})
-        elif var.replica is not None:
-            var.replica.shard.load_whole(table, {}, {})
-
-    def _set_table_everywhere(self, name):
-        self._set_table(name, self._pending if self.topology.rank == self.topology.worker_ranks[0]
-                        else None)
-
+    # ------------------------------------------------- tables and checkpoints
     def set_table(self, name, values) -> None:
         """Replace table ``name``'s rows by ``values`` (first worker's); optimizer state kept.
 
@@ -349,20 +298,14 @@ class ModelSync:
         finally:
             self._pending = None
 
-    # ------------------------------------------------------------- checkpoint
     def save(self, run_dir, step, *, dense=None, dense_state=None, meta=None, keep=0) -> str:
         """Write a checkpoint of step ``step`` under ``run_dir/checkpoints``; **collective** (workers).
 
-        Args:
-            run_dir: the run directory (same on every rank).
-            step: completed steps (names the directory).
-            dense: ``{name: array}`` of dense parameters (first worker's are written).
-            dense_state: ``{name: {slot: array}}`` (their optimizer state).
-            meta: JSON-able dict stored in ``meta.json``.
-            keep: keep the newest ``keep`` checkpoints (0: all).
-
-        Returns:
-            The checkpoint directory.
+        Tables are written by the ranks holding their rows, by global id, with
+        their row-optimizer state; ``dense`` (``{name: array}``) and
+        ``dense_state`` (``{name: {slot: array}}``) from the first worker;
+        ``meta`` (JSON-able) into ``meta.json``; ``keep`` keeps the newest
+        ``keep`` checkpoints (0: all). Returns the checkpoint directory.
         """
         self._pending = ({k: to_host(v) for k, v in (dense or {}).items()},
                          {k: {s: to_host(v) for s, v in slots.items()}
@@ -373,52 +316,29 @@ class ModelSync:
         finally:
             self._pending = None
 
-    def _save(self, run_dir, step, meta, keep):
-        topo = self.topology
-        payload = self._pending if self.is_leader else None
-        meta = {**meta, "plan": self.plan.to_dict(), "topology": topo.describe(),
-                "tables": [var.spec.to_dict() for var in self.sync.variables.values()]}
-        return ckpt.save(topo.comm, run_dir, step, dense=payload, sparse=self.sync.checkpoint_rows(),
-                         meta=meta, keep=keep, job_id=self._job_id)
-
     def load(self, path) -> tuple:
         """Restore the tables from a checkpoint; **collective** (workers; servers join).
 
-        Args:
-            path: a checkpoint directory, or a run directory (its newest).
-
-        Returns:
-            ``(step, dense params, dense optimizer state, meta)`` as host arrays.
+        ``path`` is a checkpoint directory or a run directory (its newest).
+        Works under another layout or plan (rows by global id). Returns
+        ``(step, dense params, dense optimizer state, meta)`` as host arrays.
 
         Raises:
             CheckpointError: on every rank, naming the damaged file, a
                 missing table or rows of another shape.
         """
-        path = os.fspath(path)
-        if not os.path.isfile(os.path.join(path, ckpt.MANIFEST)):
-            found = ckpt.latest(path) if self.is_leader else None
-            found = self.topology.workers.bcast(found, root=0)
-            if found is None:
-                raise CheckpointError(f"{path}: no complete checkpoint there")
-            path = found
-        return self.commands.run("load", path=path)
+        return self.commands.run("load", path=state.find_checkpoint(self, path))
 
-    def _load(self, path):
-        topo = self.topology
-        ckpt.verify(path, topo.comm)
-        meta = ckpt.read_meta(path)
-        error = None
-        try:
-            self.sync.restore_rows(lambda name, ids: ckpt.load_rows(path, name, ids))
-        except CheckpointError as exc:
-            error = str(exc)
-        errors = [e for e in topo.comm.allgather(error) if e]
-        if errors:
-            raise CheckpointError(errors[0])
-        if not topo.is_worker:
-            return None
-        params, state = ckpt.load_dense(path)
-        return int(meta["step"]), params, state, meta
+    def _set_table_command(self, name):
+        first = self.topology.rank == self.topology.worker_ranks[0]
+        state.set_table(self, name, self._pending if first else None)
+
+    def _save_command(self, run_dir, step, meta, keep):
+        return state.write_checkpoint(self, run_dir, step, meta, keep,
+                                      self._pending if self.is_leader else None)
+
+    def _load_command(self, path):
+        return state.read_checkpoint(self, path)
 
     # ---------------------------------------------------------------- finish
     def serve(self) -> None:
