@@ -21,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..backend import array_module
+from ..backend import array_module, cupy_module
 from ..errors import ConfigError
 from .tensors import as_array, as_tensor
 
@@ -163,7 +163,8 @@ class Runtime:
         for name in used:
             if name not in grads:  # another worker's batch used the table, not mine
                 info = self.tables[name]
-                grads[name] = (np.zeros(0, np.int64), np.zeros((0, info["dim"]), info["dtype"]))
+                xp = np if info["device"].type == "cpu" else cupy_module(required=True)
+                grads[name] = (xp.zeros(0, np.int64), xp.zeros((0, info["dim"]), info["dtype"]))
         if grads:
             self.sync.push(grads)
 

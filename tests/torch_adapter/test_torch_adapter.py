@@ -44,20 +44,21 @@ def batches(count=8, size=12, seed=1):
             for _ in range(count)]
 
 
-def build(optimizer="adagrad"):
+def build(optimizer="adagrad", lr=0.1):
     torch.manual_seed(0)
     model = Tiny()
     if optimizer == "adagrad":
-        opt = torch.optim.Adagrad(model.parameters(), lr=0.1, initial_accumulator_value=0.1)
+        opt = torch.optim.Adagrad(model.parameters(), lr=lr, initial_accumulator_value=0.1)
     else:
-        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        opt = torch.optim.SGD(model.parameters(), lr=lr)
     return model, opt
 
 
-def train(model, opt, data):
+def train(model, opt, data, reduction="mean"):
     for ids, bag, y in data:
         opt.zero_grad()
-        ((model(ids, bag) - y) ** 2).mean().backward()
+        squared = (model(ids, bag) - y) ** 2
+        (squared.mean() if reduction == "mean" else squared.sum()).backward()
         opt.step()
 
 
@@ -91,6 +92,29 @@ def test_training_equals_one_process(comm, all_ok, plan, servers, optimizer):
         if topology.is_worker:
             train(model, opt, data)
             ok = close(expected, state(model))
+    finally:
+        hpcpax.torch.finish()
+        topology.free()
+    assert all_ok(ok)
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+def test_uneven_shares_and_summed_losses_equal_one_process(comm, all_ok, reduction):
+    data = batches(size=13)  # 13 samples: uneven shares for 2, 3 or 4 workers
+    lr = 0.1 if reduction == "mean" else 0.1 / 13
+    reference, ref_opt = build("sgd", lr)
+    train(reference, ref_opt, data, reduction)
+    expected = state(reference)
+    model, opt = build("sgd", lr)
+    topology = hpcpax.init(servers_per_node=0)
+    model, opt, shards = hpcpax.torch.distribute(model, opt, data, plan="ps",
+                                                 loss_reduction=reduction, topology=topology,
+                                                 quiet=True)
+    try:
+        train(model, opt, shards, reduction)
+        ok = close(expected, state(model))
     finally:
         hpcpax.torch.finish()
         topology.free()
