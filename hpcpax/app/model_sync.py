@@ -18,8 +18,9 @@ call per step phase, for codes that compute their own forward and backward
 - Sparse tables follow the plan: ``auto`` (measure each table's sparsity over
   the first ``plan_steps`` pushes, then move each to the method the cost model
   picks, exactly, with its optimizer state; with a single worker nothing
-  moves between workers, so tables stay on the parameter server and nothing
-  is measured), ``hybrid`` (Parallax's rule),
+  moves between workers and nothing is measured: tables stay on the server
+  ranks, or, with none, are held by the worker as a replica), ``hybrid``
+  (Parallax's rule),
   one method for all (``ps``, ``allgather``, ``allreduce``), or a per-table
   dict / ``plan.json``. :attr:`ModelSync.plan` is the plan in force.
 - Dense gradients go through :class:`~hpcpax.sync.dense_buckets.BucketedAllreduce`:
@@ -127,6 +128,14 @@ class ModelSync:
         self.stopped = False
         #: Pushes done (the step count the planner sees).
         self.steps = 0
+        label = plan if isinstance(plan, str) else "table"
+        if mode is not None and topo.num_workers == 1:
+            # nothing moves between workers, nothing to measure: with server
+            # ranks the tables stay on them; alone, the worker holds them
+            # either way, and a replica skips the exchange with itself
+            method = "ps" if topo.server_ranks else "allgather"
+            mode, label = None, f"{plan} (one worker: {method})"
+            requests = {name: {"method": method} for name in names}
         check_same(topo.comm, "model sync set-up", {
             "tables": [s.to_dict() for s in specs], "plan": repr(sorted(requests.items())),
             "mode": mode, "dense": [[n, list(s), d.name] for n, s, d in
@@ -139,10 +148,6 @@ class ModelSync:
         self.sync = SparseSync(topo, self.ps, specs, requests, seed=seed)
         #: ``{name: tensor shape and dtype}`` of the dense tensors.
         self.dense = {n: _Tensor(s, d) for n, s, d in zip(dense_names, shapes, dtypes)}
-        label = plan if isinstance(plan, str) else "table"
-        if mode is not None and topo.num_workers == 1:
-            # nothing moves between workers: every method is local, nothing to measure
-            mode, label = None, f"{plan} (one worker: tables stay on the parameter server)"
         self.planning = PlanController(self, mode, label=label)
         with self.watchdog.guard("set-up: model sync"):
             self.planning.measure_fabric()
@@ -230,12 +235,13 @@ class ModelSync:
         with self.watchdog.guard("push"):
             self.sync.push(grads)
         self.steps += 1
-        ids = {name: np.concatenate([to_host(u) for u in self._step_ids.get(name, [])]
-                                    or [np.zeros(0, np.int64)])
-               for name in self.sync.variables}
-        self._step_ids = {}
+        recorded, self._step_ids = self._step_ids, {}
         with self.watchdog.guard("plan"):
-            self.planning.observe(ids)
+            if self.planning.measuring:
+                self.planning.observe({
+                    name: np.concatenate([to_host(u) for u in recorded.get(name, [])]
+                                         or [np.zeros(0, np.int64)])
+                    for name in self.sync.variables})
             self.planning.after_step(self.steps)
 
     def ready(self, name, grad) -> None:
