@@ -22,8 +22,10 @@ import torch
 
 from ..comm.agreement import agree_input, check_same
 from ..errors import ConfigError
+from ..ops.optimizers import make_optimizer
 from .embedding import DistributedEmbedding, DistributedEmbeddingBag
 from .model_scan import scan
+from .prefetch import Prefetch
 from .runtime import Runtime
 from .tensors import as_array, numpy_dtype
 
@@ -161,7 +163,7 @@ def _summary(session, plan) -> str:
 def distribute(model, optimizer, data=None, *, plan="auto", loss_reduction="mean",
                local_aggregation=True, bucket_bytes=None, plan_steps=10, run_dir=None,
                stdout="first", on_server="exit", quiet=False, timeout=None,
-               fabric_seconds=1.0, topology=None):
+               fabric_seconds=1.0, prefetch=True, topology=None):
     """Make ``model`` and ``optimizer`` train data-parallel on every rank of the job.
 
     **Collective** over every rank (``MPI.COMM_WORLD``, or ``topology``'s).
@@ -188,6 +190,8 @@ def distribute(model, optimizer, data=None, *, plan="auto", loss_reduction="mean
         quiet: print neither the summary nor the plan table.
         timeout: watchdog seconds (None: ``HPCPAX_TIMEOUT``).
         fabric_seconds: budget of the start-up fabric measurement.
+        prefetch: pull the tables a forward pass reads straight from the
+            model's inputs in one exchange before it (:mod:`~hpcpax.torch.prefetch`).
         topology: from :func:`hpcpax.init` (default: made here).
 
     Raises:
@@ -234,7 +238,9 @@ def distribute(model, optimizer, data=None, *, plan="auto", loss_reduction="mean
     if topology.is_worker:
         _broadcast(topology, list(layout.dense.values()) + list(layout.frozen.values()))
     runtime = Runtime(sync, {n: {"rows": i["rows"], "dim": i["dim"], "dtype": i["dtype"],
-                                 "padding_idx": i["padding_idx"], "device": i["device"]}
+                                 "padding_idx": i["padding_idx"], "device": i["device"],
+                                 "counts_steps": bool(make_optimizer(
+                                     i["optimizer"], **i["optimizer_params"]).scalar_slots)}
                              for n, i in layout.tables.items()},
                       layout.dense if topology.is_worker else {}, loss_reduction)
     _install(model, layout, runtime)
@@ -248,6 +254,8 @@ def distribute(model, optimizer, data=None, *, plan="auto", loss_reduction="mean
             sys.exit(0)
         return (model, optimizer) if data is None else (model, optimizer, None)
     session.runtime = runtime
+    if prefetch and layout.tables:
+        runtime.prefetch = Prefetch(runtime, model)
     for opt in optimizers:
         session._hooks.append(opt.register_step_pre_hook(
             lambda *_: runtime.before_step()))

@@ -33,7 +33,9 @@ class Runtime:
 
     Args:
         sync: the model's :class:`~hpcpax.app.model_sync.ModelSync`.
-        tables: ``{name: {"rows", "dim", "padding_idx", "device"}}``.
+        tables: ``{name: {"rows", "dim", "dtype", "padding_idx", "device",
+            "counts_steps"}}`` (``counts_steps``: the row optimizer keeps a
+            per-table step count, so an empty push is not a no-op).
         dense: ``{name: parameter}`` of the dense parameters that train.
         loss_reduction: ``mean`` (the loss is a mean over the batch) or ``sum``.
     """
@@ -51,6 +53,11 @@ class Runtime:
         self._callback_queued = False
         self._handles = []
         self.closed = False
+        #: The model's :class:`~hpcpax.torch.prefetch.Prefetch` (set by distribute).
+        self.prefetch = None
+        # With a per-table step count (Adam's), a table no worker used this
+        # step must not be pushed (torch would skip it): agree on which were.
+        self._mask = any(info.get("counts_steps", True) for info in tables.values())
         if self.num_workers > 1:
             for name, param in dense.items():
                 self._handles.append(param.register_hook(self._scaler()))
@@ -70,12 +77,8 @@ class Runtime:
         return self.sync.sync[name].method
 
     # ---------------------------------------------------------------- forward
-    def lookup(self, name, input, padding_idx=None):
-        """Rows of table ``name`` for ``input``'s ids; **collective** over the workers.
-
-        Returns ``(rows, local indices shaped like input, local padding index)``;
-        ``rows`` requires grad when grad is enabled, and is recorded for the push.
-        """
+    def _distinct(self, name, input):
+        """``(flat ids, distinct sorted int64 ids, inverse)`` of ``input`` on its device."""
         if input.dtype not in (torch.int64, torch.int32):
             raise TypeError(f"table {name!r}: ids must be torch.int64 or torch.int32, "
                             f"not {input.dtype}")
@@ -83,10 +86,31 @@ class Runtime:
         # NumPy's (or CuPy's) sort-based unique: torch's CPU unique with
         # inverse takes 50x longer on a batch of ids
         ids, inverse = array_module(flat).unique(flat, return_inverse=True)
-        if ids.dtype != np.int64:
-            ids = ids.astype(np.int64)
+        return flat, (ids if ids.dtype == np.int64 else ids.astype(np.int64)), inverse
+
+    def pull_many(self, inputs) -> dict:
+        """Rows of several tables in one exchange; **collective** over the workers.
+
+        ``inputs`` maps tables to id tensors; returns ``{table: (input, flat
+        ids, distinct ids, inverse, rows)}`` (what :meth:`lookup` takes).
+        """
+        prepared = {name: self._distinct(name, input) for name, input in inputs.items()}
+        rows = self.sync.pull({name: p[1] for name, p in prepared.items()}, record=False)
+        return {name: (inputs[name], *prepared[name], rows[name][1]) for name in inputs}
+
+    def lookup(self, name, input, padding_idx=None):
+        """Rows of table ``name`` for ``input``'s ids; **collective** over the workers.
+
+        Takes the rows :attr:`prefetch` pulled for ``input`` when there are,
+        else pulls them. Returns ``(rows, local indices shaped like input,
+        local padding index)``; ``rows`` requires grad when grad is enabled,
+        and is recorded for the push.
+        """
+        entry = self.prefetch.take(name, input) if self.prefetch is not None else None
+        if entry is None:
+            entry = self.pull_many({name: input})[name][1:]
+        flat, ids, inverse, rows = entry
         training = torch.is_grad_enabled()
-        rows = self.sync.pull({name: ids}, record=False)[name][1]
         if training:
             self.sync.record({name: flat})
         rows = as_tensor(rows)
@@ -155,7 +179,9 @@ class Runtime:
                 grads[name] = self._table_gradient(name, done)
         self.pending = {name: [] for name in self.tables}
         used = list(grads)
-        if self.num_workers > 1:
+        if not self._mask:
+            used = list(self.tables)  # an empty push changes nothing: no need to agree
+        elif self.num_workers > 1:
             mask = np.array([name in grads for name in self.tables], np.uint8)
             from mpi4py import MPI
 
@@ -204,4 +230,6 @@ class Runtime:
         for handle in self._handles:
             handle.remove()
         self._handles = []
+        if self.prefetch is not None:
+            self.prefetch.close()
         self.closed = True
