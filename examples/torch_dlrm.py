@@ -89,12 +89,16 @@ def build(args):
     if args.optimizer == "sgd":
         optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
     elif args.optimizer == "adagrad":
-        optimizer = torch.optim.Adagrad(model.parameters(), lr=args.lr, initial_accumulator_value=0.1)
+        # a positive initial accumulator keeps the first step of a row from
+        # being lr * sign(g), which float32 rounding of a near-zero g can flip
+        optimizer = torch.optim.Adagrad(model.parameters(), lr=args.lr,
+                                        initial_accumulator_value=0.1)
     else:  # adam: SparseAdam for the tables, Adam for the rest
         tables = [p for m in model.modules() if isinstance(m, (nn.Embedding, nn.EmbeddingBag))
                   for p in m.parameters()]
         dense = [p for p in model.parameters() if all(p is not t for t in tables)]
-        optimizer = [torch.optim.SparseAdam(tables, lr=args.lr), torch.optim.Adam(dense, lr=args.lr)]
+        optimizer = [torch.optim.SparseAdam(tables, lr=args.lr),
+                     torch.optim.Adam(dense, lr=args.lr)]
     data = make_data(args.batch * args.steps, rows, bag_rows, dtype, args.seed)
     loader = torch.utils.data.DataLoader(data, batch_size=args.batch, shuffle=True,
                                          drop_last=True,

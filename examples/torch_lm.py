@@ -86,6 +86,8 @@ def build(args):
     if args.optimizer == "sgd":
         optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
     elif args.optimizer == "adagrad":
+        # a positive initial accumulator keeps the first step of a row from
+        # being lr * sign(g), which float32 rounding of a near-zero g can flip
         optimizer = torch.optim.Adagrad(model.parameters(), lr=args.lr,
                                         initial_accumulator_value=0.1)
     else:  # adam: SparseAdam for the tables, Adam for the MLP

@@ -84,7 +84,7 @@ def write_checkpoint(sync, run_dir, step, meta, keep, dense) -> str:
 
 
 def find_checkpoint(sync, path) -> str:
-    """``path`` itself, or the newest checkpoint of run directory ``path``; **collective** (workers)."""
+    """``path``, or the newest checkpoint of run directory ``path``; **collective** (workers)."""
     path = os.fspath(path)
     if os.path.isfile(os.path.join(path, ckpt.MANIFEST)):
         return path

@@ -118,55 +118,63 @@ class ModelSync:
         mode, requests = plan_requests(plan, names)
         self.topology = topology if topology is not None else init()
         self._own_topology = topology is None
-        topo = self.topology
-        self.config = {"plan_steps": plan_steps, "partition_search": False,
-                       "replan_every": int(replan_every), "steps": 1 << 62,
-                       "replan_threshold": float(replan_threshold),
-                       "fabric_seconds": float(fabric_seconds)}
-        self.run_dir, self.quiet = run_dir, bool(quiet)
-        self.is_leader = topo.is_worker and topo.worker_index == 0
-        self.stopped = False
-        #: Pushes done (the step count the planner sees).
-        self.steps = 0
-        label = plan if isinstance(plan, str) else "table"
-        if mode is not None and topo.num_workers == 1:
-            # nothing moves between workers, nothing to measure: with server
-            # ranks the tables stay on them; alone, the worker holds them
-            # either way, and a replica skips the exchange with itself
-            method = "ps" if topo.server_ranks else "allgather"
-            mode, label = None, f"{plan} (one worker: {method})"
-            requests = {name: {"method": method} for name in names}
-        check_same(topo.comm, "model sync set-up", {
-            "tables": [s.to_dict() for s in specs], "plan": repr(sorted(requests.items())),
-            "mode": mode, "dense": [[n, list(s), d.name] for n, s, d in
-                                    zip(dense_names, shapes, dtypes)]})
-        self.watchdog = Watchdog(topo.comm, timeout)
-        self.job_id = topo.comm.bcast(os.environ.get("SLURM_JOB_ID") or str(os.getpid()),
-                                       root=0)
-        self.ps = ParameterServer(topo, local_aggregation=local_aggregation, seed=seed)
-        self.ps.watchdog = self.watchdog
-        self.sync = SparseSync(topo, self.ps, specs, requests, seed=seed)
-        #: ``{name: tensor shape and dtype}`` of the dense tensors.
-        self.dense = {n: _Tensor(s, d) for n, s, d in zip(dense_names, shapes, dtypes)}
-        self.planning = PlanController(self, mode, label=label)
-        with self.watchdog.guard("set-up: model sync"):
-            self.planning.measure_fabric()
-            self.sync.register_collective()
-            state.load_initial(self, initial)
-            self.dense_sync = None
+        try:
+            topo = self.topology
+            self.config = {"plan_steps": plan_steps, "partition_search": False,
+                           "replan_every": int(replan_every), "steps": 1 << 62,
+                           "replan_threshold": float(replan_threshold),
+                           "fabric_seconds": float(fabric_seconds)}
+            self.run_dir, self.quiet = run_dir, bool(quiet)
+            self.is_leader = topo.is_worker and topo.worker_index == 0
+            self.stopped = False
+            #: Pushes done (the step count the planner sees).
+            self.steps = 0
+            label = plan if isinstance(plan, str) else "table"
+            if mode is not None and topo.num_workers == 1:
+                # nothing moves between workers, nothing to measure: with server
+                # ranks the tables stay on them; alone, the worker holds them
+                # either way, and a replica skips the exchange with itself
+                method = "ps" if topo.server_ranks else "allgather"
+                mode, label = None, f"{plan} (one worker: {method})"
+                requests = {name: {"method": method} for name in names}
+            check_same(topo.comm, "model sync set-up", {
+                "tables": [s.to_dict() for s in specs], "plan": repr(sorted(requests.items())),
+                "mode": mode, "dense": [[n, list(s), d.name] for n, s, d in
+                                        zip(dense_names, shapes, dtypes)]})
+            self.watchdog = Watchdog(topo.comm, timeout)
+            self.job_id = topo.comm.bcast(os.environ.get("SLURM_JOB_ID") or str(os.getpid()),
+                                           root=0)
+            self.ps = ParameterServer(topo, local_aggregation=local_aggregation, seed=seed)
+            self.ps.watchdog = self.watchdog
+            self.sync = SparseSync(topo, self.ps, specs, requests, seed=seed)
+            #: ``{name: tensor shape and dtype}`` of the dense tensors.
+            self.dense = {n: _Tensor(s, d) for n, s, d in zip(dense_names, shapes, dtypes)}
+            self.planning = PlanController(self, mode, label=label)
+            with self.watchdog.guard("set-up: model sync"):
+                self.planning.measure_fabric()
+                self.sync.register_collective()
+                state.load_initial(self, initial)
+                self.dense_sync = None
+                if topo.is_worker:
+                    self.dense_sync = BucketedAllreduce(
+                        topo, {n: (s, d) for n, s, d in zip(dense_names, shapes, dtypes)},
+                        bucket_bytes=bucket_bytes, op=dense_op, fabric=self.planning.fabric)
+            self.commands = CommandChannel(topo, self.ps, {
+                "switch": self.sync.switch, "save": self._save_command,
+                "load": self._load_command, "set_table": self._set_table_command})
+            self._step_ids = {}
+            self._pending = None
+            self._finished = False
             if topo.is_worker:
-                self.dense_sync = BucketedAllreduce(
-                    topo, {n: (s, d) for n, s, d in zip(dense_names, shapes, dtypes)},
-                    bucket_bytes=bucket_bytes, op=dense_op, fabric=self.planning.fabric)
-        self.commands = CommandChannel(topo, self.ps, {
-            "switch": self.sync.switch, "save": self._save_command,
-            "load": self._load_command, "set_table": self._set_table_command})
-        self._step_ids = {}
-        self._pending = None
-        self._finished = False
-        if topo.is_worker:
-            self.planning.start(1)
-            self.write_plan()
+                self.planning.start(1)
+                self.write_plan()
+        except BaseException:
+            # every rank fails here together (errors are agreed): undo together
+            if getattr(self, "watchdog", None) is not None:
+                self.watchdog.close()
+            if self._own_topology:
+                self.topology.free()
+            raise
 
     # ------------------------------------------------------------ properties
     @property
@@ -305,7 +313,7 @@ class ModelSync:
             self._pending = None
 
     def save(self, run_dir, step, *, dense=None, dense_state=None, meta=None, keep=0) -> str:
-        """Write a checkpoint of step ``step`` under ``run_dir/checkpoints``; **collective** (workers).
+        """Write a checkpoint after ``step`` into ``run_dir/checkpoints``; **collective** (workers).
 
         Tables are written by the ranks holding their rows, by global id, with
         their row-optimizer state; ``dense`` (``{name: array}``) and

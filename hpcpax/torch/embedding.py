@@ -7,8 +7,8 @@
 leaf tensor that requires grad, and runs the torch lookup on local indices
 into those rows (``sparse=True``). The backward fills the leaf's ``.grad``
 with one row per occurrence (a sparse tensor, nothing summed); the
-optimizer's step pushes it, and hpcpax's dedup kernel sums the duplicates. A worker never holds the whole
-table, only the rows of its batch.
+optimizer's step pushes it, and hpcpax's dedup kernel sums the duplicates.
+A worker never holds the whole table, only the rows of its batch.
 """
 
 from __future__ import annotations
