@@ -114,6 +114,11 @@ class PlanController:
         self._measure_until = first_step + self.trainer.config["plan_steps"] - 1
 
     # ---------------------------------------------------------------- steps
+    @property
+    def measuring(self) -> bool:
+        """True while sparsity is being measured (:meth:`observe` uses its ids)."""
+        return self._stats is not None
+
     def observe(self, ids: dict) -> None:
         """Record one step's ids of every sparse variable (workers; collective
         over each node's workers while measuring)."""

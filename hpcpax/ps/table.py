@@ -137,9 +137,16 @@ class TableShard:
             self.state[key] = np.array(value, copy=True)
 
     def load_whole(self, table, row_state, scalars) -> None:
-        """Copy this owner's rows from whole-table arrays indexed by global id."""
+        """Copy this owner's rows from whole-table arrays indexed by global id.
+
+        Optimizer row slots that ``row_state`` does not hold keep their
+        fresh values (e.g. a table given without its accumulator).
+        """
         gids = self.layout.owned_global_ids()
-        self.place(gids, table[gids], {k: v[gids] for k, v in row_state.items()})
+        local = self._slots(gids, initialize=set(row_state) != set(self.optimizer.row_slots))
+        self.table[local] = table[gids]
+        for key, value in row_state.items():
+            self.state[key][local] = value[gids]
         self.set_scalars(scalars)
 
     def place(self, ids, table, row_state) -> None:
