@@ -324,3 +324,23 @@ def test_a_link_in_a_data_file_is_refused_at_open(tmp_path):
     with pytest.raises(DataError, match=r"lm.h5: 'tokens' is a ExternalLink to .*other.h5:"
                                         r"tokens'; data files hold plain datasets only"):
         open_dataset(str(tmp_path / "lm.h5"), "lm", context=3)
+
+
+# ---------------------------------------------------------- 6. dense memory
+def test_dense_layers_above_the_replica_budget_are_refused_before_allocation(tmp_path,
+                                                                              monkeypatch):
+    from hpcpax.app.build import check_dense_memory
+
+    # float32 layers of 1,000,000 + 1,000 values; adagrad: 1 slot -> 4 copies = 16,016,000 B
+    shapes = {"w1": (1000, 1000), "b1": (1000,)}
+    monkeypatch.setenv("HPCPAX_REPLICA_MEMORY", "16016000")
+    check_dense_memory(shapes, "float32", 1)  # exactly fits
+    monkeypatch.setenv("HPCPAX_REPLICA_MEMORY", "16015999")
+    with pytest.raises(ConfigError, match=r"dense layers need 15\.3 MiB on every worker .*"
+                                          r"1 optimizer slots.*largest: w1 \(1000, 1000\)"):
+        check_dense_memory(shapes, "float32", 1)
+    # the trainer refuses a huge --context before it allocates anything
+    monkeypatch.setenv("HPCPAX_REPLICA_MEMORY", "64M")
+    with pytest.raises(ConfigError, match=r"dense layers need .* above HPCPAX_REPLICA_MEMORY "
+                                          r"\(64\.0 MiB\): reduce --hidden/--context"):
+        run(tmp_path / "run", steps=1, context=200_000, emb_dim=8, hidden=[64])
