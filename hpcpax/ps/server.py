@@ -30,14 +30,13 @@ import numpy as np
 
 from ..backend import array_module
 from ..comm.agreement import check_same
-from ..errors import ConfigError, NonFiniteError, SparseIndexError
-from ..ops import dedup_sum
+from ..errors import ConfigError, SparseIndexError
 from . import protocol as wire
 from .memory import (MemoryBudgetError, RankMemory, check_memory_budget, check_whole_table,
                      owner_budget)
 from .movement import DataMovement
 from .reshard import export_rows, gather_table, repartition_collective
-from .sparse_grad import SparseGrad, check_indices
+from .sparse_grad import SparseGrad, check_indices, prepare_push
 from .spec import SparseVariableSpec
 from .variable import PsVariable
 
@@ -249,7 +248,7 @@ class ParameterServer:
         prepared, error = {}, None
         for var in variables:
             try:
-                prepared[var.spec.name] = _prepare_push(var, grads[var.spec.name])
+                prepared[var.spec.name] = prepare_push(var.spec, grads[var.spec.name])
             except (TypeError, ValueError, FloatingPointError) as exc:
                 error = error or exc
         for group in wire.batches(variables):
@@ -380,19 +379,3 @@ class ParameterServer:
         if self.topology.is_worker:
             self._wire.header(wire.OP_SHUTDOWN)
 
-
-def _prepare_push(var, grad):
-    """Validate ``grad`` for ``var``; its deduplicated ``(ids, values)`` on its device."""
-    name = var.spec.name
-    if not isinstance(grad, SparseGrad):
-        raise TypeError(f"{name}: push needs a SparseGrad, not {type(grad).__name__}")
-    if grad.num_rows != var.spec.rows:
-        raise ValueError(f"{name}: SparseGrad.num_rows must be {var.spec.rows}, "
-                         f"not {grad.num_rows}")
-    grad.validate(name, var.spec.dim, var.spec.dtype)
-    xp = array_module(grad.indices)
-    ids, values = dedup_sum(grad.indices.astype(xp.int64, copy=False), grad.values)
-    if not bool(xp.isfinite(values).all()):
-        raise NonFiniteError(f"{name}: gradient holds NaN or Inf "
-                             f"(set nonfinite='skip' to skip such steps)")
-    return ids, values
