@@ -25,24 +25,27 @@ def _home(key, mask):
     return np.int64(x & np.uint64(mask))
 
 
+@nb.njit(cache=True, nogil=True, inline="always")
+def _bucket(keys, key, mask):
+    """The bucket holding ``key``, or the empty bucket that ends its probe chain."""
+    b = _home(key, mask)
+    while keys[b] != key and keys[b] != EMPTY:
+        b = (b + 1) & mask
+    return b
+
+
 @nb.njit(cache=True, nogil=True)
 def lookup_serial(keys, values, ids, out):
     """``out[i]`` = value of ``ids[i]``, or -1; returns how many were missing."""
     mask = keys.size - 1
     missing = 0
     for i in range(ids.size):
-        key = ids[i]
-        b = _home(key, mask)
-        while True:
-            found = keys[b]
-            if found == key:
-                out[i] = values[b]
-                break
-            if found == EMPTY:
-                out[i] = -1
-                missing += 1
-                break
-            b = (b + 1) & mask
+        b = _bucket(keys, ids[i], mask)
+        if keys[b] == EMPTY:
+            out[i] = -1
+            missing += 1
+        else:
+            out[i] = values[b]
     return missing
 
 
@@ -52,18 +55,12 @@ def lookup_parallel(keys, values, ids, out):
     mask = keys.size - 1
     missing = 0
     for i in prange(ids.size):
-        key = ids[i]
-        b = _home(key, mask)
-        while True:
-            found = keys[b]
-            if found == key:
-                out[i] = values[b]
-                break
-            if found == EMPTY:
-                out[i] = -1
-                missing += 1
-                break
-            b = (b + 1) & mask
+        b = _bucket(keys, ids[i], mask)
+        if keys[b] == EMPTY:
+            out[i] = -1
+            missing += 1
+        else:
+            out[i] = values[b]
     return missing
 
 
@@ -78,20 +75,13 @@ def lookup_or_insert(keys, values, ids, first_slot, out, new_ids):
     added = 0
     for i in range(ids.size):
         key = ids[i]
-        b = _home(key, mask)
-        while True:
-            found = keys[b]
-            if found == key:
-                out[i] = values[b]
-                break
-            if found == EMPTY:
-                keys[b] = key
-                values[b] = first_slot + added
-                out[i] = first_slot + added
-                new_ids[added] = key
-                added += 1
-                break
-            b = (b + 1) & mask
+        b = _bucket(keys, key, mask)
+        if keys[b] == EMPTY:
+            keys[b] = key
+            values[b] = first_slot + added
+            new_ids[added] = key
+            added += 1
+        out[i] = values[b]
     return added
 
 
@@ -102,18 +92,11 @@ def insert(keys, values, ids, slots):
     added = 0
     for i in range(ids.size):
         key = ids[i]
-        b = _home(key, mask)
-        while True:
-            found = keys[b]
-            if found == EMPTY:
-                keys[b] = key
-                values[b] = slots[i]
-                added += 1
-                break
-            if found == key:
-                values[b] = slots[i]
-                break
-            b = (b + 1) & mask
+        b = _bucket(keys, key, mask)
+        if keys[b] == EMPTY:
+            keys[b] = key
+            added += 1
+        values[b] = slots[i]
     return added
 
 
@@ -123,10 +106,7 @@ def remove(keys, values, ids):
     mask = keys.size - 1
     removed = 0
     for i in range(ids.size):
-        key = ids[i]
-        hole = _home(key, mask)
-        while keys[hole] != key and keys[hole] != EMPTY:
-            hole = (hole + 1) & mask
+        hole = _bucket(keys, ids[i], mask)
         if keys[hole] == EMPTY:
             continue
         removed += 1
