@@ -100,9 +100,8 @@ FLAGS = (
     Flag("consistency", "str", "bsp", "bsp (the collective path), ssp:S (a worker runs at most "
          "S steps ahead of the slowest), asp (no bound) or psp:B[,S] (B peers sampled per "
          "pull must be within S steps); per sparse variable after ';', e.g. "
-         "'ssp:3; softmax_b=asp'; or auto (decided at run time from measured step times: bsp, "
-         "balanced batch shares, ssp:S). Relaxed models and auto need server ranks and --plan "
-         "ps"),
+         "'ssp:3; softmax_b=asp'; or auto (bsp, balanced shares or ssp:S, set at run time "
+         "from measured step times). Relaxed models and auto need server ranks and --plan ps"),
     Flag("auto_segment", "int", 10, "consistency auto: steps of the first measured segment "
          "(doubling while the mode stays, up to 8x)", minimum=3),
     Flag("consistency_groups", "str", "worker", "what a relaxed model relaxes: each worker "
@@ -112,9 +111,8 @@ FLAGS = (
     Flag("stalls", "str", None, "P:FACTOR: every worker sleeps (FACTOR - 1) x its compute time "
          "on a random fraction P of its steps (tests, benchmarks)"),
     Flag("batch_shares", "str", None, "bsp: each worker's share of the global batch, 'A,B,...' "
-         "(fixed, one per worker, summing to --global-batch) or 'speed' (proportional to each "
-         "worker's measured speed, re-agreed every --rebalance-every steps: balanced BSP); "
-         "the global batch and gradient stay BSP's"),
+         "(fixed) or 'speed' (balanced BSP: shares that make the workers finish together, "
+         "re-agreed every --rebalance-every steps); global batch and gradient stay BSP's"),
     Flag("rebalance_every", "int", 20, "batch_shares speed: steps between re-evaluations",
          minimum=1),
     Flag("trace", "str", None, "write a per-rank timeline of the BSP steps to this file "
@@ -146,6 +144,9 @@ FLAGS = (
     Flag("server_memory_budget", "str", None, "bytes of sparse tables plus optimizer slots one "
          "owner rank may hold, e.g. 8G (default $HPCPAX_SERVER_MEMORY, else available memory "
          "x 0.8 / ranks on the node)"),
+    Flag("table_eviction", "str", "none", "when a ps table outgrows the memory budget: none "
+         "(stop with an error) or lru (drop the least recently used rows; they restart from "
+         "the initializer when touched again)", ("none", "lru")),
 
     Flag("quiet", "bool", False, "no progress bar, no config print"),
     Flag("verbose_ranks", "bool", False, "let every rank print"),

@@ -54,8 +54,12 @@ class RunTime:
             meta["auto"] = self.auto.policy.state()
         return meta
 
-    def resume(self, path) -> None:
-        """Continue the controllers from checkpoint ``path``; **collective** over the workers."""
+    def resume(self, step) -> int:
+        """After the trainer resumed at ``step``: continue the controllers from its
+        checkpoint, if any; returns ``step``. **Collective** over the workers."""
+        path = self.trainer.checkpoints.resumed_from
+        if path is None:
+            return step
         self.balance.resume(path)
         if self.auto is not None:
             from .checkpoint import read_meta
@@ -66,6 +70,7 @@ class RunTime:
             if state:
                 self.auto.policy.load(state)
                 self.balance.shares = list(self.auto.policy.shares)
+        return step
 
     def finish(self) -> None:
         """Merge and write the trace (``summary.json`` names it); **collective** over the workers."""

@@ -32,6 +32,7 @@ from ..comm.watchdog import Watchdog
 from ..options import parse_bytes
 from ..plan.controller import PlanController
 from ..plan.records import record_run
+from ..ps.memory import table_report
 from . import auto_run, build, relaxed_run
 from .checkpointing import RunCheckpoints
 from .commands import CommandChannel
@@ -172,6 +173,8 @@ class Trainer:
         self.planning.start(start_step, resumed=start_step > 1)
         try:
             last, train_seconds = self._train_loop(start_step, metrics)
+            # rows held, created and evicted per ps table (every rank's shards)
+            self.tables = self.commands.run("tables")
         finally:
             metrics.close()
         self.runtime.finish()  # the --trace file
@@ -205,7 +208,8 @@ class Trainer:
         self.commands = CommandChannel(topo, self.ps, {
             **self.checkpoints.handlers(self.sync, self.dense, self.dense_state,
                                         self.optimizer, self.device.xp),
-            "switch": self.sync.switch, "stop": self._stop})
+            "switch": self.sync.switch, "stop": self._stop,
+            "tables": lambda: table_report(topo.comm, self.ps)})
         self.relaxed = auto_run.setup(self)  # stragglers; relaxed server / auto if asked
         self.runtime = RunTime(self)  # balanced BSP (--batch-shares), timeline (--trace)
         if topo.rank == 0:
@@ -234,10 +238,7 @@ class Trainer:
     def _resume(self) -> int:
         """Load the newest intact checkpoint (damaged ones skipped); the step to start at."""
         with self.watchdog.guard("set-up: resume"):  # bounded like a save inside a step
-            step = self.checkpoints.resume(self.commands, self.log)
-            if self.checkpoints.resumed_from:
-                self.runtime.resume(self.checkpoints.resumed_from)
-            return step
+            return self.runtime.resume(self.checkpoints.resume(self.commands, self.log))
 
     # ------------------------------------------------------------------ steps
     def _batch(self, position):
@@ -390,6 +391,7 @@ class Trainer:
             return {"rank": topo.rank, "role": topo.role}
         self._bar.close()
         summary.update(self.summary_extra)
+        summary["tables"] = getattr(self, "tables", {})
         write_json(os.path.join(self.run_dir, "summary.json"), summary)
         record_run(self)  # one record in the run log (never raises)
         if not self.config["quiet"]:

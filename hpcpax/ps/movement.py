@@ -23,6 +23,7 @@ import numpy as np
 from ..backend import to_host
 from ..comm.exchange import alltoallv_many, exchange_counts_many
 from ..ops import dedup_sum, partition_pack
+from .memory import MemoryBudgetError
 
 __all__ = ["Hop", "DataMovement"]
 
@@ -95,6 +96,9 @@ class DataMovement:
     def __init__(self, topology, reduce="mean"):
         self.topology = topology
         self.reduce = reduce
+        #: ``on_owner_error(error)``: where an owner's table that cannot grow is
+        #: reported (the protocol's ``defer``); None raises at once.
+        self.on_owner_error = None
         nw = topology.node_workers
         self._node_ranks = (np.array(nw.allgather(topology.rank), np.int64)
                             if nw is not None else None)
@@ -133,8 +137,7 @@ class DataMovement:
                 inverses.append(inverse.reshape(-1))
         owner = self._owner_hop("pull", variables, requests, [None] * len(variables))
         wanted = owner.send()
-        rows = [v.shard.gather(ids) if len(ids) else np.zeros((0, v.spec.dim), v.spec.dtype)
-                for v, (ids,) in zip(variables, wanted)]
+        rows = [self._gather(v, ids) for v, (ids,) in zip(variables, wanted)]
         result = owner.reply(rows)
         if la:
             back = node.reply([result[k][inverse] for k, inverse in zip(la, inverses)])
@@ -165,6 +168,21 @@ class DataMovement:
         for var, (got_ids, got_values) in zip(variables, owner.send()):
             self._apply(var, got_ids, got_values)
 
+    def _owner_failed(self, error) -> None:
+        if self.on_owner_error is None:
+            raise error
+        self.on_owner_error(error)
+
+    def _gather(self, var, ids):
+        """Owner side of a pull; zeros (and a deferred error) when the table cannot grow."""
+        if not len(ids):
+            return np.zeros((0, var.spec.dim), var.spec.dtype)
+        try:
+            return var.shard.gather(ids)
+        except MemoryBudgetError as exc:
+            self._owner_failed(exc)
+            return np.zeros((len(ids), var.spec.dim), var.spec.dtype)
+
     def _apply(self, var, ids, values) -> None:
         """Owner side of a push: sum (or mean) the received rows, run the optimizer."""
         if var.shard is None:
@@ -174,4 +192,7 @@ class DataMovement:
             workers = self.topology.num_workers
             if self.reduce == "mean" and workers > 1:
                 summed /= workers
-            var.shard.apply(unique, summed)
+            try:
+                var.shard.apply(unique, summed)
+            except MemoryBudgetError as exc:  # nothing applied on this owner
+                self._owner_failed(exc)

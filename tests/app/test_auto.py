@@ -97,13 +97,14 @@ def test_persistent_straggler_gets_balanced_bsp(comm, tmp_path):
     run_dir = shared_dir(comm, tmp_path, "straggler")
     last = comm.Get_size() - 1
     auto = run(comm, run_dir=run_dir, consistency="auto", auto_segment=4, steps=16,
-               straggler=f"{last}:8")
+               straggler=f"{last}:8", global_batch=48)
     history = leader_value(comm, auto, auto.relaxed.policy.history)
     shares = leader_value(comm, auto, auto.balance.shares)
     ok = any(h["to"] == "balanced" for h in history)
-    ok = ok and shares[-1] < min(shares[:-1]) and sum(shares) == 12
+    ok = ok and shares[-1] < min(shares[:-1]) and sum(shares) == 48
     if not any(h["to"].startswith("ssp") for h in history):
-        plain = run(comm, run_dir=shared_dir(comm, tmp_path, "plain"), steps=16)
+        plain = run(comm, run_dir=shared_dir(comm, tmp_path, "plain"), steps=16,
+                    global_batch=48)
         ok = ok and close(leader_value(comm, auto, auto.parameters),
                           leader_value(comm, plain, plain.parameters))
     assert comm.allreduce(bool(ok), op=MPI.LAND)

@@ -72,13 +72,13 @@ def test_speed_shares_follow_a_straggler(comm, tmp_path):
     still equals plain BSP, and the decision is in metrics.jsonl and the checkpoint."""
     run_dir = shared_dir(comm, tmp_path, "speed")
     last = comm.Get_size() - 1
-    config = {"steps": 8, "checkpoint_every": 8}
+    config = {"steps": 8, "checkpoint_every": 8, "global_batch": 48}
     balanced = run(comm, run_dir=run_dir, batch_shares="speed", rebalance_every=3,
                    straggler=f"{last}:8", **config)
     plain = run(comm, run_dir=shared_dir(comm, tmp_path, "plain"), **config)
     shares = balanced.balance.shares
-    even = 12 // comm.Get_size()
-    ok = shares[-1] < even and sum(shares) == 12 and len(balanced.balance.history) >= 1
+    even = 48 // comm.Get_size()
+    ok = shares[-1] < even and sum(shares) == 48 and len(balanced.balance.history) >= 1
     ok = ok and np.allclose(balanced.losses, plain.losses, rtol=1e-10)
     ok = ok and close(balanced.parameters, plain.parameters)
     if comm.Get_rank() == 0:
