@@ -15,8 +15,10 @@ the first worker gathers every track and writes ``FILE`` as a JSON object
 and https://ui.perfetto.dev load. Recording costs a few dict appends per
 step (about 10 events).
 
-Server ranks have no track (their request handling is not recorded), and
-relaxed runs (``--consistency ssp|asp|psp``) are not traced.
+Server ranks have no track (their request handling is not recorded);
+relaxed runs (``--consistency ssp|asp|psp``) are not traced, and under
+``--consistency auto`` only the BSP segments are (the decisions are
+instant events).
 """
 
 from __future__ import annotations

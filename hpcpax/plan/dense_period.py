@@ -32,6 +32,10 @@ Rules, applied after each refresh, first match wins:
 5. else ``k`` stays.
 
 Every change is returned with the measurements that caused it.
+
+Status: the controller is pure and tested (``tests/plan/test_dense_period.py``);
+:class:`~hpcpax.sync.relaxed.RelaxedSync` does not use it yet (its
+``period`` is still 1: replicas refreshed every step).
 """
 
 from __future__ import annotations
