@@ -68,13 +68,15 @@ def test_forced_shares_equal_plain_bsp(comm, tmp_path, plan):
 @pytest.mark.mpi(min_size=2)
 @pytest.mark.timeout(180)
 def test_speed_shares_follow_a_straggler(comm, tmp_path):
-    """--batch-shares speed with an 8x straggler: the last worker's share shrinks, the run
-    still equals plain BSP, and the decision is in metrics.jsonl and the checkpoint."""
+    """--batch-shares speed with a 30x straggler (its compute is a small part of this tiny
+    model's step: a smaller factor is lost in the noise of a loaded machine): the last
+    worker's share shrinks, the run still equals plain BSP, and the decision is in
+    metrics.jsonl and the checkpoint."""
     run_dir = shared_dir(comm, tmp_path, "speed")
     last = comm.Get_size() - 1
     config = {"steps": 8, "checkpoint_every": 8, "global_batch": 48}
     balanced = run(comm, run_dir=run_dir, batch_shares="speed", rebalance_every=3,
-                   straggler=f"{last}:8", **config)
+                   straggler=f"{last}:30", **config)
     plain = run(comm, run_dir=shared_dir(comm, tmp_path, "plain"), **config)
     shares = balanced.balance.shares
     even = 48 // comm.Get_size()

@@ -92,12 +92,12 @@ def test_switches_to_ssp0_and_back_keep_bsp_parameters(comm, tmp_path, monkeypat
 @pytest.mark.mpi(min_size=3)
 @pytest.mark.timeout(240)
 def test_persistent_straggler_gets_balanced_bsp(comm, tmp_path):
-    """An 8x straggler: auto (measured decisions) moves to balanced BSP, giving the slow
+    """A 30x straggler (of this tiny model's small compute): auto (measured decisions) moves to balanced BSP, giving the slow
     worker a smaller share; with no relaxed segment the run is plain BSP's."""
     run_dir = shared_dir(comm, tmp_path, "straggler")
     last = comm.Get_size() - 1
     auto = run(comm, run_dir=run_dir, consistency="auto", auto_segment=4, steps=16,
-               straggler=f"{last}:8", global_batch=48)
+               straggler=f"{last}:30", global_batch=48)
     history = leader_value(comm, auto, auto.relaxed.policy.history)
     shares = leader_value(comm, auto, auto.balance.shares)
     ok = any(h["to"] == "balanced" for h in history)
