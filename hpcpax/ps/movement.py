@@ -23,6 +23,7 @@ import numpy as np
 from ..backend import to_host
 from ..comm.exchange import alltoallv_many, exchange_counts_many
 from ..ops import dedup_sum, partition_pack
+from .hot_rows import HotRows, pull_reply, push_chain
 
 __all__ = ["Hop", "DataMovement"]
 
@@ -90,11 +91,14 @@ class DataMovement:
     Args:
         topology: from :func:`hpcpax.init`.
         reduce: ``mean`` or ``sum`` of the workers' gradients at the owner.
+        hot_rows: the :class:`~hpcpax.ps.hot_rows.HotRows` setting (the
+            same on every rank): rows many nodes touch travel once.
     """
 
-    def __init__(self, topology, reduce="mean"):
+    def __init__(self, topology, reduce="mean", hot_rows=None):
         self.topology = topology
         self.reduce = reduce
+        self.hot = HotRows(hot_rows)
         nw = topology.node_workers
         self._node_ranks = (np.array(nw.allgather(topology.rank), np.int64)
                             if nw is not None else None)
@@ -133,9 +137,12 @@ class DataMovement:
                 inverses.append(inverse.reshape(-1))
         owner = self._owner_hop("pull", variables, requests, [None] * len(variables))
         wanted = owner.send()
-        rows = [v.shard.gather(ids) if len(ids) else np.zeros((0, v.spec.dim), v.spec.dtype)
-                for v, (ids,) in zip(variables, wanted)]
-        result = owner.reply(rows)
+        if self._hot(variables):
+            result = pull_reply(self.topology, variables, owner, wanted, self.hot)
+        else:
+            rows = [v.shard.gather(ids) if len(ids) else np.zeros((0, v.spec.dim), v.spec.dtype)
+                    for v, (ids,) in zip(variables, wanted)]
+            result = owner.reply(rows)
         if la:
             back = node.reply([result[k][inverse] for k, inverse in zip(la, inverses)])
             for k, rows_k in zip(la, back):
@@ -161,9 +168,17 @@ class DataMovement:
             for k, (got_ids, got_values) in zip(la, node.send()):
                 with acct.timer("aggregate", variables[k].spec.name):
                     ids[k], values[k] = dedup_sum(got_ids, got_values)
+        if self._hot(variables):
+            hop = self._owner_hop("push", variables, ids, [None] * len(variables))
+            push_chain(self.topology, variables, hop, ids, values, self.hot, self._apply)
+            return
         owner = self._owner_hop("push", variables, ids, values)
         for var, (got_ids, got_values) in zip(variables, owner.send()):
             self._apply(var, got_ids, got_values)
+
+    def _hot(self, variables) -> bool:
+        """Whether any of ``variables`` may use trees (the same answer on every rank)."""
+        return any(self.hot.min_nodes(v.spec.name) for v in variables)
 
     def _apply(self, var, ids, values) -> None:
         """Owner side of a push: sum (or mean) the received rows, run the optimizer."""
