@@ -123,3 +123,82 @@ def test_hot_rows_setting_is_checked():
         HotRows({"a": -1})
     with pytest.raises(TypeError, match="hot_rows must be None, int or dict, not str"):
         HotRows("3")
+
+
+def expected_bytes(topo, var, uniq, rb):
+    """{phase: sent bytes of this rank} for one pull and one push (one node per worker)."""
+    me, size = topo.rank, topo.size
+    out = {"pull": 0, "push": 0, "relay": 0}
+    owner_of = {w: var.layout.dest_of(ids) for w, ids in uniq.items()}
+    sources = {}
+    for w, ids in uniq.items():
+        for x in ids.tolist():
+            sources.setdefault(x, []).append(w)
+    groups = {}  # (owner, members) -> rows
+    for x, members in sources.items():
+        if len(members) >= 2:
+            owner = int(var.layout.dest_of(np.array([x]))[0])
+            groups.setdefault((owner, tuple(sorted(members))), []).append(x)
+    hot = {x for rows in groups.values() for x in rows}
+    peers = 8 * (size - 1)
+    mine = uniq.get(me, np.zeros(0, np.int64))
+    to_others = int((owner_of[me] != me).sum()) if me in uniq else 0
+    asked_me = sum(int((owner_of[w] == me).sum()) for w in uniq if w != me)
+    cold_asked_me = sum(int(((owner_of[w] == me) & ~np.isin(uniq[w], list(hot))).sum())
+                        for w in uniq if w != me)
+    # pull: requests, then the owner's reply (today) or round 0 and the tree's relays
+    out["pull"] += peers + 8 * to_others
+    rounds = max([1 + int(np.ceil(np.log2(len(m)))) for _, m in groups] or [0])
+    if rounds == 0:
+        out["pull"] += rb * asked_me
+    else:
+        out["pull"] += 3 * peers + rb * cold_asked_me
+        out["relay"] += 2 * peers * (rounds - 1)
+    for (owner, members), rows in groups.items():
+        message = 8 * (3 + len(members)) + len(rows) * (8 + rb)
+        if owner == me and members[0] != me:
+            out["pull"] += message
+        if me in members:
+            i = members.index(me)
+            for r in range(1, rounds):
+                step = 1 << (r - 1)
+                if i < step and i + step < len(members):
+                    out["relay"] += message
+    # push: ids, codes back, chain rounds (cold rows in round 0; counts in push)
+    chain = max([len(m) for _, m in groups] or [1])
+    out["push"] += peers + 8 * to_others + 8 * asked_me + 3 * peers + 2 * peers * (chain - 1)
+    for x, owner in zip(mine.tolist(), owner_of.get(me, []).tolist()):
+        if x not in hot:
+            out["push"] += rb * (owner != me)
+            continue
+        members = sorted(sources[x])
+        i = members.index(me)
+        if i == len(members) - 1:
+            out["push"] += (8 + rb) * (owner != me)
+        else:
+            out["relay"] += 8 + rb
+    return out
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.timeout(60)
+def test_hot_rows_bytes_equal_the_formula(comm, every_row_hot):
+    """One node per worker: owner and relay bytes of one pull and one push, exactly."""
+    topo = hpcpax.init(ranks_per_node=1, servers_per_node=0)
+    try:
+        spec = SparseVariableSpec("h", rows=200, dim=4, dtype="float64")
+        ps = ParameterServer(topo, seed=1, hot_rows=2)
+        ps.register([spec])
+        uniq = {w: np.unique(step_ids(spec, i, 0)) for i, w in enumerate(topo.worker_ranks)}
+        topo.accounting.reset()
+        ps.pull_unique("h", uniq[topo.rank])
+        ps.push("h", SparseGrad(uniq[topo.rank], np.ones((len(uniq[topo.rank]), 4)), 200))
+        got = {p: topo.accounting.phase(p)["sent_bytes"] for p in ("pull", "push", "relay")}
+        want = expected_bytes(topo, ps.variables["h"], uniq, 32)
+        ps.shutdown()
+        ok = got == want
+        if not ok:
+            print(topo.rank, got, want)
+        assert comm.allreduce(bool(ok), op=MPI.LAND)
+    finally:
+        topo.free()
