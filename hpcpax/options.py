@@ -155,7 +155,7 @@ OPTIONS = (
     Option("hot_rows", _integer(0), 0,
            "parameter server: rows that at least this many nodes pull or push in a step "
            "travel once, down a broadcast tree / up a reduction chain (0: off)"),
-    Option("hot_rows_min_bytes", _integer(0), 65536,
+    Option("hot_rows_min_bytes", _integer(0), 16384,
            "hot rows: a group of rows takes a tree only when the owner bytes it saves "
            "reach this (the price of the extra rounds' latency)"),
 )

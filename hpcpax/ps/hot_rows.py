@@ -14,7 +14,9 @@ price of the added rounds) takes a tree; the other rows move as before.
   member ``i < 2^(r-1)`` sends to member ``i + 2^(r-1)``). ``1 + ceil(log2
   |S|)`` rounds. Every member needs every row of its group, so no row goes
   where it is not wanted. Rows are copies: results equal today's exactly.
-- **Push**: before the values move, one ids-only exchange to the owners
+- **Push**, when the last pull of one of its variables chose a tree (so a
+  step without shared rows pays nothing more than one ``Allreduce`` in its
+  pull): before the values move, one ids-only exchange to the owners
   (the *count exchange*) and one int64 per id back: cold, or the row's
   position in its group's chain and the next hop. The chain runs through
   ``S`` in ascending rank: member 0 sends ``0 + g_0``, member ``j`` adds its
@@ -183,8 +185,8 @@ def pull_reply(topology, variables, hop, wanted, policy) -> list | None:
 
     **Collective** over ``topology.comm``. ``hop`` is the owner hop whose
     :meth:`send` returned ``wanted``. Returns each variable's rows in the
-    requester's input order (as ``hop.reply`` would), or None when no owner
-    chose a tree (then the caller replies as today).
+    requester's input order (as ``hop.reply`` would) and whether any owner
+    chose a tree (the same on every rank).
     """
     comm, acct, me = topology.comm, topology.accounting, topology.rank
     rows, groups, rounds = [], [], 0
@@ -197,7 +199,7 @@ def pull_reply(topology, variables, hop, wanted, policy) -> list | None:
         rounds = max(rounds, r)
     total = _agree_rounds(comm, rounds)
     if total == 0:
-        return hop.reply(rows)
+        return hop.reply(rows), False
     held = []  # (k, members, ids, rows, is_root)
     for k, (var, (g, found)) in enumerate(zip(variables, groups)):
         for members, ids in found:
@@ -237,7 +239,7 @@ def pull_reply(topology, variables, hop, wanted, policy) -> list | None:
             _receive(held, hot[k], k, got[0][0], got[1])
             if r == 0:
                 cold[k] = got[2][0]
-    return [_assemble(hop, k, hot[k], cold[k], var) for k, var in enumerate(variables)]
+    return [_assemble(hop, k, hot[k], cold[k], var) for k, var in enumerate(variables)], True
 
 
 def _children(members, me, r, root):

@@ -99,6 +99,7 @@ class DataMovement:
         self.topology = topology
         self.reduce = reduce
         self.hot = HotRows(hot_rows)
+        self._trees = {}  # name -> whether its last pull chose a tree (agreed by all ranks)
         nw = topology.node_workers
         self._node_ranks = (np.array(nw.allgather(topology.rank), np.int64)
                             if nw is not None else None)
@@ -138,7 +139,8 @@ class DataMovement:
         owner = self._owner_hop("pull", variables, requests, [None] * len(variables))
         wanted = owner.send()
         if self._hot(variables):
-            result = pull_reply(self.topology, variables, owner, wanted, self.hot)
+            result, chose = pull_reply(self.topology, variables, owner, wanted, self.hot)
+            self._trees.update((v.spec.name, chose) for v in variables)
         else:
             rows = [v.shard.gather(ids) if len(ids) else np.zeros((0, v.spec.dim), v.spec.dtype)
                     for v, (ids,) in zip(variables, wanted)]
@@ -168,7 +170,7 @@ class DataMovement:
             for k, (got_ids, got_values) in zip(la, node.send()):
                 with acct.timer("aggregate", variables[k].spec.name):
                     ids[k], values[k] = dedup_sum(got_ids, got_values)
-        if self._hot(variables):
+        if self._hot(variables) and any(self._trees.get(v.spec.name) for v in variables):
             hop = self._owner_hop("push", variables, ids, [None] * len(variables))
             push_chain(self.topology, variables, hop, ids, values, self.hot, self._apply)
             return

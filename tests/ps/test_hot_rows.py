@@ -165,7 +165,10 @@ def expected_bytes(topo, var, uniq, rb):
                 if i < step and i + step < len(members):
                     out["relay"] += message
     # push: ids, codes back, chain rounds (cold rows in round 0; counts in push)
-    chain = max([len(m) for _, m in groups] or [1])
+    if rounds == 0:  # the pull chose no tree: today's push
+        out["push"] += peers + (8 + rb) * to_others
+        return out
+    chain = max(len(m) for _, m in groups)
     out["push"] += peers + 8 * to_others + 8 * asked_me + 3 * peers + 2 * peers * (chain - 1)
     for x, owner in zip(mine.tolist(), owner_of.get(me, []).tolist()):
         if x not in hot:

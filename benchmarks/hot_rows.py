@@ -1,0 +1,152 @@
+"""Hot rows travel once: owner bytes and step time with and without trees.
+
+Zipf(1.1) ids put the same head rows on every node at every step; with
+``hot_rows`` on, an owner sends such a row once down a broadcast tree
+(pull) and receives it once at the end of a reduction chain (push)
+(:mod:`hpcpax.ps.hot_rows`). Uniform ids share few rows: the cost rule
+(``HPCPAX_HOT_ROWS_MIN_BYTES``) should choose no tree.
+
+Bytes are measured on the owners (the server ranks: ``pull`` bytes they
+send, ``push`` bytes they receive) and on every rank (``relay``), in one
+pass per configuration (``--steps`` steps each; the counters are exact, so
+one pass suffices). Step time (pull + push of one table) is timed
+interleaved (today, trees, today, trees, ... for both id distributions),
+``--repeats`` times each, the slowest worker per step; median and spread.
+
+    HPCPAX_RANKS_PER_NODE=2 mpirun -n 6 python benchmarks/hot_rows.py
+    python benchmarks/hot_rows.py --quick      # smoke, any rank count
+
+Virtual nodes share one host: the bytes are the real figures of the
+exchange, the times are not those of a network (no shaped links here).
+Keys: ``ratio_owner_egress_before_vs_after`` (pull, Zipf),
+``ratio_owner_ingress_before_vs_after`` (push, Zipf),
+``ratio_step_time_before_vs_after`` (Zipf) and ``ratio_uniform`` (uniform
+ids, today / trees on), ``uniform_trees_chosen`` (any relay byte).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import numpy as np
+from mpi4py import MPI
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _common
+
+import hpcpax
+from hpcpax import ParameterServer, SparseVariableSpec
+from hpcpax.ps.sparse_grad import SparseGrad
+
+MIN_NODES = 2
+
+
+def step_ids(kind, rng, count, rows, cdf):
+    if kind == "zipf":
+        return _common.zipf_ids(rng, count, cdf)
+    return rng.integers(0, rows, count, dtype=np.int64)
+
+
+def one_step(ps, name, kind, worker, step, args, cdf):
+    rng = np.random.default_rng([worker, step, 0 if kind == "zipf" else 1])
+    ids = step_ids(kind, rng, args.ids, args.rows, cdf)
+    ps.pull_unique(name, ids)
+    ps.push(name, SparseGrad(ids, rng.standard_normal((len(ids), args.dim), dtype=np.float32),
+                             args.rows))
+
+
+def byte_pass(topo, args, cdf, kind, hot):
+    """Owner egress/ingress and relay bytes of ``args.steps`` steps, summed over ranks."""
+    spec = SparseVariableSpec("emb", args.rows, args.dim)
+    ps = ParameterServer(topo, seed=1, hot_rows=MIN_NODES if hot else 0)
+    topo.accounting.reset()
+    if topo.is_server:
+        ps.serve()
+    else:
+        ps.register([spec])
+        for step in range(args.steps):
+            one_step(ps, "emb", kind, topo.worker_index, step, args, cdf)
+        ps.shutdown()
+    acct = topo.accounting
+    owner = topo.is_server if topo.server_ranks else ps.variables["emb"].layout.is_owner
+    pull, push, relay = acct.phase("pull"), acct.phase("push"), acct.phase("relay")
+    mine = np.array([pull["sent_bytes"] * owner, pull["sent_inter_bytes"] * owner,
+                     push["recv_bytes"] * owner, push["recv_inter_bytes"] * owner,
+                     relay["sent_bytes"], relay["sent_inter_bytes"]], np.int64)
+    total = topo.comm.allreduce(mine, op=MPI.SUM)
+    topo.accounting.reset()
+    keys = ("owner_egress", "owner_egress_inter", "owner_ingress", "owner_ingress_inter",
+            "relay", "relay_inter")
+    return {k: int(v) for k, v in zip(keys, total)}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rows", type=int, default=200_000)
+    parser.add_argument("--dim", type=int, default=64)
+    parser.add_argument("--ids", type=int, default=4096, help="ids per worker per step")
+    parser.add_argument("--steps", type=int, default=5, help="steps of each byte pass")
+    parser.add_argument("--repeats", type=int, default=7, help="timed steps of each mode")
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args()
+    if args.quick:
+        args.rows, args.dim, args.ids, args.steps, args.repeats = 5000, 16, 512, 2, 3
+        hpcpax.options.hot_rows_min_bytes = 0
+    topo = hpcpax.init()
+    cdf = _common.zipf_cdf(args.rows, 1.1)
+    result = {"benchmark": "hot_rows", "ranks": topo.size, "servers": len(topo.server_ranks),
+              "nodes": topo.num_nodes, "rows": args.rows, "dim": args.dim,
+              "ids_per_worker": args.ids, "zipf_s": 1.1, "min_nodes": MIN_NODES,
+              "min_bytes": hpcpax.options.hot_rows_min_bytes, "plan": "ps",
+              "methods": {"today": "ps, local aggregation, hot_rows=0",
+                          "trees": f"ps, local aggregation, hot_rows={MIN_NODES}"},
+              "links": "virtual nodes on one shared host (no shaped links)"}
+    bytes_ = {f"{kind}_{mode}": byte_pass(topo, args, cdf, kind, mode == "trees")
+              for kind in ("zipf", "uniform") for mode in ("today", "trees")}
+    result["bytes"] = bytes_
+    result["ratio_owner_egress_before_vs_after"] = _common.ratio(
+        bytes_["zipf_today"]["owner_egress"], bytes_["zipf_trees"]["owner_egress"])
+    result["ratio_owner_ingress_before_vs_after"] = _common.ratio(
+        bytes_["zipf_today"]["owner_ingress"], bytes_["zipf_trees"]["owner_ingress"])
+    result["uniform_trees_chosen"] = bytes_["uniform_trees"]["relay"] > 0
+    result["seconds"] = timing(topo, args, cdf)
+    s = result["seconds"]
+    result["ratio_step_time_before_vs_after"] = _common.ratio(s["zipf_today"]["median"],
+                                                              s["zipf_trees"]["median"])
+    result["ratio_uniform"] = _common.ratio(s["uniform_today"]["median"],
+                                            s["uniform_trees"]["median"])
+    _common.emit(result, topo.rank)
+    topo.free()
+
+
+def timing(topo, args, cdf):
+    """Median and spread of step seconds, modes interleaved; on every rank."""
+    specs = [SparseVariableSpec(name, args.rows, args.dim) for name in ("today", "trees")]
+    ps = ParameterServer(topo, seed=1, hot_rows={"today": 0, "trees": MIN_NODES})
+    times = None
+    if topo.is_server:
+        ps.serve()
+    else:
+        ps.register(specs)
+        step = {}
+
+        def mode(kind, name):
+            def call():
+                n = step.setdefault((kind, name), 0)
+                one_step(ps, name, kind, topo.worker_index, n, args, cdf)
+                step[(kind, name)] = n + 1
+            return call
+
+        methods = {f"{kind}_{name}": mode(kind, name)
+                   for kind in ("zipf", "uniform") for name in ("today", "trees")}
+        times = _common.interleaved(topo.workers, methods, args.repeats, warmup=1)
+        ps.shutdown()
+    times = topo.comm.bcast(times, root=topo.worker_ranks[0])
+    return {k: {"median": _common.median(v), "min": float(min(v)), "max": float(max(v))}
+            for k, v in times.items()}
+
+
+if __name__ == "__main__":
+    main()
