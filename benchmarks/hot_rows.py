@@ -19,7 +19,10 @@ interleaved (today, trees, today, trees, ... for both id distributions),
 Virtual nodes share one host: the bytes are the real figures of the
 exchange, the times are not those of a network (no shaped links here).
 Keys: ``ratio_owner_egress_before_vs_after`` (pull, Zipf),
-``ratio_owner_ingress_before_vs_after`` (push, Zipf),
+``ratio_owner_ingress_before_vs_after`` (push, Zipf), the same on the hot
+set alone (``*_hot_set``: each worker's Zipf ids that at least two nodes
+draw in that step, a third pair of byte passes; ``--min-nodes``, default
+3: rows every node of a 3-node job touches),
 ``ratio_step_time_before_vs_after`` (Zipf) and ``ratio_uniform`` (uniform
 ids, today / trees on), ``uniform_trees_chosen`` (any relay byte).
 """
@@ -40,18 +43,26 @@ import hpcpax
 from hpcpax import ParameterServer, SparseVariableSpec
 from hpcpax.ps.sparse_grad import SparseGrad
 
-MIN_NODES = 2
+def step_ids(kind, worker, step, args, cdf, topo=None):
+    """A worker's ids of one step: Zipf, uniform, or its Zipf ids that other nodes share."""
+    rng = np.random.default_rng([worker, step, 0 if kind.startswith("zipf") else 1])
+    if kind == "uniform":
+        return rng.integers(0, args.rows, args.ids, dtype=np.int64)
+    ids = _common.zipf_ids(rng, args.ids, cdf)
+    if kind == "zipf_hot":  # the hot set: rows that at least args.min_nodes nodes draw
+        nodes = {}
+        for w, rank in enumerate(topo.worker_ranks):
+            nodes.setdefault(int(topo.node_of[rank]), []).append(
+                step_ids("zipf", w, step, args, cdf))
+        drawn = np.concatenate([np.unique(np.concatenate(v)) for v in nodes.values()])
+        rows, count = np.unique(drawn, return_counts=True)
+        ids = ids[np.isin(ids, rows[count >= args.min_nodes])]
+    return ids
 
 
-def step_ids(kind, rng, count, rows, cdf):
-    if kind == "zipf":
-        return _common.zipf_ids(rng, count, cdf)
-    return rng.integers(0, rows, count, dtype=np.int64)
-
-
-def one_step(ps, name, kind, worker, step, args, cdf):
-    rng = np.random.default_rng([worker, step, 0 if kind == "zipf" else 1])
-    ids = step_ids(kind, rng, args.ids, args.rows, cdf)
+def one_step(ps, name, kind, worker, step, args, cdf, topo=None):
+    ids = step_ids(kind, worker, step, args, cdf, topo)
+    rng = np.random.default_rng([worker, step, 2])
     ps.pull_unique(name, ids)
     ps.push(name, SparseGrad(ids, rng.standard_normal((len(ids), args.dim), dtype=np.float32),
                              args.rows))
@@ -60,14 +71,14 @@ def one_step(ps, name, kind, worker, step, args, cdf):
 def byte_pass(topo, args, cdf, kind, hot):
     """Owner egress/ingress and relay bytes of ``args.steps`` steps, summed over ranks."""
     spec = SparseVariableSpec("emb", args.rows, args.dim)
-    ps = ParameterServer(topo, seed=1, hot_rows=MIN_NODES if hot else 0)
+    ps = ParameterServer(topo, seed=1, hot_rows=args.min_nodes if hot else 0)
     topo.accounting.reset()
     if topo.is_server:
         ps.serve()
     else:
         ps.register([spec])
         for step in range(args.steps):
-            one_step(ps, "emb", kind, topo.worker_index, step, args, cdf)
+            one_step(ps, "emb", kind, topo.worker_index, step, args, cdf, topo)
         ps.shutdown()
     acct = topo.accounting
     owner = topo.is_server if topo.server_ranks else ps.variables["emb"].layout.is_owner
@@ -89,27 +100,34 @@ def main():
     parser.add_argument("--ids", type=int, default=4096, help="ids per worker per step")
     parser.add_argument("--steps", type=int, default=5, help="steps of each byte pass")
     parser.add_argument("--repeats", type=int, default=7, help="timed steps of each mode")
+    parser.add_argument("--min-nodes", type=int, default=3,
+                        help="hot_rows of the trees runs: nodes a row needs to be hot")
     parser.add_argument("--quick", action="store_true")
     args = parser.parse_args()
     if args.quick:
         args.rows, args.dim, args.ids, args.steps, args.repeats = 5000, 16, 512, 2, 3
+        args.min_nodes = 2
         hpcpax.options.hot_rows_min_bytes = 0
     topo = hpcpax.init()
     cdf = _common.zipf_cdf(args.rows, 1.1)
     result = {"benchmark": "hot_rows", "ranks": topo.size, "servers": len(topo.server_ranks),
               "nodes": topo.num_nodes, "rows": args.rows, "dim": args.dim,
-              "ids_per_worker": args.ids, "zipf_s": 1.1, "min_nodes": MIN_NODES,
+              "ids_per_worker": args.ids, "zipf_s": 1.1, "min_nodes": args.min_nodes,
               "min_bytes": hpcpax.options.hot_rows_min_bytes, "plan": "ps",
               "methods": {"today": "ps, local aggregation, hot_rows=0",
-                          "trees": f"ps, local aggregation, hot_rows={MIN_NODES}"},
+                          "trees": f"ps, local aggregation, hot_rows={args.min_nodes}"},
               "links": "virtual nodes on one shared host (no shaped links)"}
     bytes_ = {f"{kind}_{mode}": byte_pass(topo, args, cdf, kind, mode == "trees")
-              for kind in ("zipf", "uniform") for mode in ("today", "trees")}
+              for kind in ("zipf", "zipf_hot", "uniform") for mode in ("today", "trees")}
     result["bytes"] = bytes_
     result["ratio_owner_egress_before_vs_after"] = _common.ratio(
         bytes_["zipf_today"]["owner_egress"], bytes_["zipf_trees"]["owner_egress"])
     result["ratio_owner_ingress_before_vs_after"] = _common.ratio(
         bytes_["zipf_today"]["owner_ingress"], bytes_["zipf_trees"]["owner_ingress"])
+    result["ratio_owner_egress_hot_set"] = _common.ratio(
+        bytes_["zipf_hot_today"]["owner_egress"], bytes_["zipf_hot_trees"]["owner_egress"])
+    result["ratio_owner_ingress_hot_set"] = _common.ratio(
+        bytes_["zipf_hot_today"]["owner_ingress"], bytes_["zipf_hot_trees"]["owner_ingress"])
     result["uniform_trees_chosen"] = bytes_["uniform_trees"]["relay"] > 0
     result["seconds"] = timing(topo, args, cdf)
     s = result["seconds"]
@@ -124,7 +142,7 @@ def main():
 def timing(topo, args, cdf):
     """Median and spread of step seconds, modes interleaved; on every rank."""
     specs = [SparseVariableSpec(name, args.rows, args.dim) for name in ("today", "trees")]
-    ps = ParameterServer(topo, seed=1, hot_rows={"today": 0, "trees": MIN_NODES})
+    ps = ParameterServer(topo, seed=1, hot_rows={"today": 0, "trees": args.min_nodes})
     times = None
     if topo.is_server:
         ps.serve()
