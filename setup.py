@@ -24,6 +24,7 @@ setup(
         "gpu": ["cupy-cuda12x"],
         "fast": ["numba>=0.59"],
         "plot": ["matplotlib>=3.5"],
+        "torch": ["torch>=2.1"],
         "test": [
             "pytest>=7",
             "pytest-mpi>=0.6",

@@ -53,6 +53,7 @@ FULL_JOBS = [
     ("cluster_lm.py", 0, None, []),
     ("cluster_plan_modes.py", 0, None, []),
     ("stragglers.py", 4, None, []),
+    ("torch_adapter.py", 4, 2, ["--model", "lm"]), ("torch_adapter.py", 4, 2, ["--model", "dlrm"]),
 ]
 #: The same, tiny (``--quick``): the smallest layouts that still cross a node.
 QUICK_JOBS = [
@@ -92,6 +93,10 @@ TARGETS = [
     ("ratio_asp_vs_bsp_persistent", "samples/s asp / bsp, one worker 2x slower", ">=", 1.5),
     ("overhead_relaxed_no_straggler", "samples/s bsp / ssp:3 without stragglers", "<=", 1.05),
     ("loss_gap_ssp", "relative training-loss gap ssp:3 vs bsp, same samples", "<=", 0.02),
+    ("ratio_adapter_vs_torch_ddp_lm", "hpcpax.torch samples/s / torch DDP samples/s, "
+     "examples/torch_lm.py, 4 ranks as 2 nodes", ">=", 1.3),
+    ("overhead_adapter_1rank_lm", "plain torch samples/s / hpcpax.torch samples/s, "
+     "examples/torch_lm.py, 1 rank", "<=", 1.15),
 ]
 
 NOTES = [
@@ -186,6 +191,7 @@ def headline(records, quick):
     cluster = find(records, "cluster_lm.py", 0, None) or {}
     plan_modes = find(records, "cluster_plan_modes.py", 0, None) or {}
     stragglers = find(records, "stragglers.py", 3 if quick else 4, 1) or {}
+    adapter = find(records, "torch_adapter.py", ranks, nodes) or {}
     return {
         **{key: stragglers.get(key) for key in (
             "ratio_ssp_vs_bsp_transient", "ratio_asp_vs_bsp_persistent",
@@ -197,6 +203,8 @@ def headline(records, quick):
         "ratio_offnode_allgather_vs_hpcpax": base.get("ratio_offnode_allgatherv_vs_hpcpax"),
         "ratio_offnode_torch_sparse_vs_hpcpax": sparse.get("ratio_offnode_torch_vs_hpcpax"),
         "ratio_offnode_hpcpax_vs_lower_bound": base.get("ratio_offnode_hpcpax_vs_lower_bound"),
+        "ratio_adapter_vs_torch_ddp_lm": adapter.get("ratio_vs_torch_ddp"),
+        "overhead_adapter_1rank_lm": adapter.get("overhead_1rank_vs_torch"),
         "ratio_offnode_allgather_vs_lower_bound_push": _ratio(
             base.get("sparse_offnode_bytes_per_step_allgatherv"),
             base.get("sparse_offnode_lower_bound_push_per_step")),
@@ -252,6 +260,10 @@ TABLE_COLUMNS = {
     "stragglers.py": ["ratio_ssp_vs_bsp_transient", "ratio_asp_vs_bsp_persistent",
                       "overhead_relaxed_no_straggler", "loss_gap_ssp", "max_observed_staleness",
                       "staleness_bound"],
+    "torch_adapter.py": ["samples_per_s_torch_ddp", "samples_per_s_adapter",
+                         "ratio_vs_torch_ddp", "samples_per_s_plain_1rank",
+                         "samples_per_s_adapter_1rank", "overhead_1rank_vs_torch",
+                         "bytes_per_step_torch_ddp", "bytes_per_step_adapter"],
 }
 
 

@@ -137,6 +137,11 @@ OPTIONS = (
     Option("server_memory", _bytes, None,
            "bytes of sparse rows and optimizer state one owner rank may hold (default: "
            "80 % of available memory / ranks on the host)"),
+    Option("replica_memory", _bytes, 4 << 30,
+           "bytes a whole sparse table with its optimizer slots may take on one rank: larger "
+           "tables are never replicated (allgather/allreduce) nor gathered whole "
+           "(gather_table, read_table); also the limit of a worker's dense layers (parameters, "
+           "gradients, optimizer slots, allreduce buffer)"),
     Option("bucket_bytes", _integer(1), None,
            "dense allreduce fusion size, skipping the autotune"),
     Option("cuda_aware_mpi", _switch, None,

@@ -1,10 +1,11 @@
 """The architecture, checked: layers import downwards only, no cycles, small modules.
 
 Layers (``ARCHITECTURE.md``), lowest first: ``ops`` < ``comm`` < ``ps`` <
-``sync`` < ``plan`` < ``app``. ``data`` and ``models`` serve the application
-and import no layer above ``ops``; ``cluster`` (the emulated cluster, a tool)
-imports only the base. ``errors``, ``options`` and ``backend`` are the base
-every layer may use. Every import counts, lazy ones inside functions
+``sync`` < ``plan`` < ``app`` < ``torch`` (the PyTorch adapter). ``data``
+and ``models`` serve the application and import no layer above ``ops``;
+``cluster`` (the emulated cluster, a tool) imports only the base. ``errors``,
+``options`` and ``backend`` are the base every layer may use. Every import
+counts, lazy ones inside functions
 included: a lazy import only hides a dependency, it does not remove it.
 """
 
@@ -16,7 +17,7 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "hpcpax"
-LAYERS = {"ops": 0, "comm": 1, "ps": 2, "sync": 3, "plan": 4, "app": 5,
+LAYERS = {"ops": 0, "comm": 1, "ps": 2, "sync": 3, "plan": 4, "app": 5, "torch": 6,
           "data": 1, "models": 1,
           "cluster": 0}  # the emulated cluster is a tool beside the library: base only
 BASE = {"errors", "options", "backend"}

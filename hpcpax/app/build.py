@@ -12,10 +12,13 @@ import json
 import os
 import time
 
+import numpy as np
+
 from ..errors import ConfigError
 from .config import PLAN_MODES, load_plan_file, normalize_plan
 
 __all__ = ["prepare_run_dir", "run_in", "plan_requests", "sparse_specs", "dense_variables",
+           "check_dense_memory",
            "config_lines"]
 
 
@@ -119,7 +122,8 @@ def sparse_specs(model, config) -> list:
         s.name, rows=s.rows, dim=s.dim, dtype=config["dtype"],
         initializer="uniform" if s.init_scale > 0 else "zeros",
         init_scale=float(s.init_scale), optimizer=config["sparse_optimizer"],
-        optimizer_params={"lr": config["sparse_lr"]}) for s in model.sparse_specs()]
+        optimizer_params={"lr": config["sparse_lr"]},
+        eviction=config.get("table_eviction") or "none") for s in model.sparse_specs()]
 
 
 def dense_variables(topology, model, config, xp) -> tuple:
@@ -132,6 +136,7 @@ def dense_variables(topology, model, config, xp) -> tuple:
     from ..ops.optimizers import make_optimizer
 
     optimizer = make_optimizer(config["optimizer"], lr=config["lr"])
+    check_dense_memory(model.dense_shapes(), model.dtype, len(optimizer.row_slots))
     if not topology.is_worker:
         return {}, optimizer, {}, None
     params = {k: xp.asarray(v) for k, v in model.init_dense().items()}
@@ -139,6 +144,32 @@ def dense_variables(topology, model, config, xp) -> tuple:
     allreduce = DenseAllreduce(topology, {n: (p.shape, p.dtype) for n, p in params.items()},
                                op="mean", bucket_bytes=config["bucket_bytes"] or None)
     return params, optimizer, state, allreduce
+
+
+def check_dense_memory(shapes, dtype, row_slots) -> None:
+    """Refuse dense layers whose replica does not fit ``HPCPAX_REPLICA_MEMORY``.
+
+    Every worker holds the parameters, their gradients, ``row_slots``
+    optimizer arrays of the same shapes and the allreduce's fused buffer;
+    checked before anything is allocated, identically on every rank
+    (a pure function of the config).
+
+    Raises:
+        ConfigError: naming the largest layers and the sizes.
+    """
+    from ..options import format_bytes, options
+
+    itemsize = np.dtype(dtype).itemsize
+    sizes = {name: int(np.prod(shape, dtype=np.int64)) * itemsize for name, shape in shapes.items()}
+    need = sum(sizes.values()) * (3 + int(row_slots))  # params, grads, fused buffer, slots
+    if need > options.replica_memory:
+        largest = sorted(sizes, key=sizes.get, reverse=True)[:3]
+        raise ConfigError(
+            f"dense layers need {format_bytes(need)} on every worker (parameters, gradients, "
+            f"{row_slots} optimizer slots and the allreduce buffer; largest: "
+            + ", ".join(f"{n} {tuple(shapes[n])} {format_bytes(sizes[n])}" for n in largest)
+            + f"), above HPCPAX_REPLICA_MEMORY ({format_bytes(options.replica_memory)}): "
+            "reduce --hidden/--context/--emb-dim or raise HPCPAX_REPLICA_MEMORY")
 
 
 def config_lines(topology, run_dir, model, config, plan) -> str:

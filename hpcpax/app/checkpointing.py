@@ -230,8 +230,8 @@ class RunCheckpoints:
                                 + ", ".join(differ[:4]))
         error = None
         try:
-            sync.restore_rows(lambda name, ids: ckpt.load_rows(path, name, ids,
-                                                               dim=sync[name].spec.dim))
+            sync.restore_rows(lambda name, keep: ckpt.load_matching(path, name, keep,
+                                                                   dim=sync[name].spec.dim))
             if topo.is_worker:
                 _load_dense(path, dense, dense_state, optimizer, xp)
         except CheckpointError as exc:

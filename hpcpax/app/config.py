@@ -134,6 +134,9 @@ FLAGS = (
     Flag("server_memory_budget", "str", None, "bytes of sparse tables plus optimizer slots one "
          "owner rank may hold, e.g. 8G (default $HPCPAX_SERVER_MEMORY, else available memory "
          "x 0.8 / ranks on the node)"),
+    Flag("table_eviction", "str", "none", "when a ps table outgrows the memory budget: none "
+         "(stop with an error) or lru (drop the least recently used rows; they restart from "
+         "the initializer when touched again)", ("none", "lru")),
 
     Flag("quiet", "bool", False, "no progress bar, no config print"),
     Flag("verbose_ranks", "bool", False, "let every rank print"),

@@ -32,6 +32,7 @@ from ..comm.watchdog import Watchdog
 from ..options import parse_bytes
 from ..plan.controller import PlanController
 from ..plan.records import record_run
+from ..ps.memory import table_report
 from . import build, relaxed_run
 from .checkpointing import RunCheckpoints
 from .commands import CommandChannel
@@ -171,6 +172,8 @@ class Trainer:
         self.planning.start(start_step, resumed=start_step > 1)
         try:
             last, train_seconds = self._train_loop(start_step, metrics)
+            # rows held, created and evicted per ps table (every rank's shards)
+            self.tables = self.commands.run("tables")
         finally:
             metrics.close()
         if self.collect:
@@ -203,7 +206,8 @@ class Trainer:
         self.commands = CommandChannel(topo, self.ps, {
             **self.checkpoints.handlers(self.sync, self.dense, self.dense_state,
                                         self.optimizer, self.device.xp),
-            "switch": self.sync.switch, "stop": self._stop})
+            "switch": self.sync.switch, "stop": self._stop,
+            "tables": lambda: table_report(topo.comm, self.ps)})
         self.relaxed = relaxed_run.setup(self)  # stragglers; the relaxed server if asked
         if topo.rank == 0:
             write_json(os.path.join(self.run_dir, "config.json"),
@@ -384,6 +388,7 @@ class Trainer:
             return {"rank": topo.rank, "role": topo.role}
         self._bar.close()
         summary.update(self.summary_extra)
+        summary["tables"] = getattr(self, "tables", {})
         write_json(os.path.join(self.run_dir, "summary.json"), summary)
         record_run(self)  # one record in the run log (never raises)
         if not self.config["quiet"]:

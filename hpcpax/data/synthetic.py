@@ -9,7 +9,10 @@ frequent; id 0 ``<unk>`` is never drawn). Each id has 4 fixed successors,
 themselves Zipf draws. With probability ``follow`` the next token is a
 successor of the previous one (picked with weights 0.55/0.25/0.12/0.08),
 otherwise a fresh Zipf draw. A model that sees the previous token can thus
-beat the unigram entropy by a wide margin: its loss falls.
+beat the unigram entropy by a wide margin: its loss falls. Above 2**17 ids
+the successors are not drawn into a ``V x 4`` table but hashed from
+(seed, id, pick) when needed, so a large vocabulary starts as fast as a
+small one (the Zipf CDF, 8 bytes per id, is the only ``O(V)`` array).
 
 CTR: field ``f`` holds Zipf ranks ``0..cardinality[f]-1``; dense features
 are standard normal; the label is Bernoulli(sigmoid(logit)) with
@@ -29,13 +32,21 @@ _TAG_CTR = 0x435452  # "CTR"
 _SUCCESSOR_WEIGHTS = np.array([0.55, 0.25, 0.12, 0.08])
 _INFORMATIVE_FIELDS = 4
 _CTR_BIAS = -1.0  # about a quarter of the labels positive: a realistic, imbalanced CTR
+#: Largest vocabulary whose successors are drawn into a table up front;
+#: above it each needed successor is a hashed draw (start-up independent of V).
+_SUCCESSOR_TABLE_MAX = 1 << 17
+
+
+def _zipf_cdf(num_ranks, exponent):
+    weights = np.arange(1, num_ranks + 1, dtype=np.float64) ** -float(exponent)
+    cdf = np.cumsum(weights)
+    cdf /= cdf[-1]
+    return cdf
 
 
 def zipf_ranks(rng, size, num_ranks, exponent):
     """Draw ``size`` ranks in ``[0, num_ranks)`` with P(r) proportional to ``(r+1)**-exponent``."""
-    weights = np.arange(1, num_ranks + 1, dtype=np.float64) ** -float(exponent)
-    cdf = np.cumsum(weights)
-    cdf /= cdf[-1]
+    cdf = _zipf_cdf(num_ranks, exponent)
     ranks = np.searchsorted(cdf, rng.random(size), side="right")
     return np.minimum(ranks, num_ranks - 1)  # guards the cdf[-1] rounding edge
 
@@ -57,8 +68,22 @@ def generate_lm(num_tokens, vocab_size, seed=0, zipf=1.1, follow=0.75):
     """
     rng = np.random.default_rng([_TAG_LM, seed])
     words = vocab_size - 1
-    successors = 1 + zipf_ranks(rng, (vocab_size, len(_SUCCESSOR_WEIGHTS)), words, zipf)
-    tokens = (1 + zipf_ranks(rng, num_tokens, words, zipf)).astype(np.int32)
+    if vocab_size <= _SUCCESSOR_TABLE_MAX:
+        table = 1 + zipf_ranks(rng, (vocab_size, len(_SUCCESSOR_WEIGHTS)), words, zipf)
+        successors = lambda previous, pick: table[previous, pick]  # noqa: E731
+        tokens = (1 + zipf_ranks(rng, num_tokens, words, zipf)).astype(np.int32)
+    else:  # no table of vocab_size rows: each needed successor is a hashed Zipf draw
+        cdf = _zipf_cdf(words, zipf)
+        key = np.uint64((seed * 0x100000001B3 + _TAG_LM) % 2**64)
+
+        def successors(previous, pick):
+            counter = (previous.astype(np.uint64) * np.uint64(len(_SUCCESSOR_WEIGHTS))
+                       + pick.astype(np.uint64))
+            unit = (mix64(mix64(counter ^ key)) >> np.uint64(11)).astype(np.float64) * 2.0**-53
+            return 1 + np.minimum(np.searchsorted(cdf, unit, side="right"), words - 1)
+
+        tokens = (1 + np.minimum(np.searchsorted(cdf, rng.random(num_tokens), side="right"),
+                                 words - 1)).astype(np.int32)
     follows = rng.random(num_tokens) < follow
     follows[0] = False
     choice = rng.choice(len(_SUCCESSOR_WEIGHTS), size=num_tokens, p=_SUCCESSOR_WEIGHTS)
@@ -71,7 +96,7 @@ def generate_lm(num_tokens, vocab_size, seed=0, zipf=1.1, follow=0.75):
     bounds = np.cumsum(np.bincount(depth))
     for level in range(1, len(bounds)):
         at = by_depth[bounds[level - 1]:bounds[level]]
-        tokens[at] = successors[tokens[at - 1], choice[at]]
+        tokens[at] = successors(tokens[at - 1], choice[at])
     return tokens
 
 

@@ -122,7 +122,7 @@ def launch_partition_of(ids, partitioning, parts) -> None:
     _check_dtype("ids", ids, _INT64)
     _check_dtype("parts", parts, _INT64)
     n = ids.size
-    kind = np.int32(1 if partitioning.kind == "range" else 0)
+    kind = np.int32(1 if partitioning.kind == "range" and partitioning.num_parts > 1 else 0)
     _launch("partition_pack.cu", "partition_of", n,
             (ids, np.int64(n), kind, np.int64(partitioning.num_parts),
              np.int64(partitioning.base), np.int64(partitioning.remainder), parts))

@@ -134,7 +134,7 @@ def partition_pack(indices, values, partitioning, dest_of_part=None, num_dest=No
         counts, displs, packed_ids, packed_values, order = _numba.kernels().partition_pack(
             indices,
             rows,
-            partitioning.kind == "range",
+            partitioning.kind == "range" and partitioning.num_parts > 1,
             partitioning.num_parts,
             partitioning.base,
             partitioning.remainder,

@@ -10,7 +10,9 @@ kinds exist:
   partitions hold one row more than the others.
 
 Every method takes and returns NumPy or CuPy arrays and returns its result
-on the device of its input. Nothing here is collective.
+on the device of its input. Ids may be any int64 below ``num_rows``, up to
+``2**63 - 2``: no intermediate exceeds the row count. Nothing here is
+collective.
 """
 
 from __future__ import annotations
@@ -107,6 +109,8 @@ class Partitioning:
         """
         xp, ids = self._as_ids(ids)
         self.check_ids(ids)
+        if self.num_parts == 1:  # (also keeps base + 1 below 2**63 for rows up to 2**63 - 1)
+            return xp.zeros_like(ids)
         if self.kind == "mod":
             return ids % self.num_parts
         boundary = self.remainder * (self.base + 1)

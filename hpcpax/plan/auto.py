@@ -26,6 +26,7 @@ import dataclasses
 from collections.abc import Mapping
 
 from ..errors import ConfigError
+from ..ps.memory import replicable
 from .cost_model import ClusterShape, CostParams, VarSpec, choose, predict
 from .plan import Plan, VariablePlan, assign_owners
 
@@ -61,7 +62,9 @@ def make_plan(variables, mode: str, topology, fabric, partitions=None,
     Args:
         variables: list of dicts (or :class:`VarSpec`) with ``name``,
             ``kind``, ``shape``, ``dtype``, and for sparse ones ``alpha`` and
-            optionally ``alpha_node``; extra keys are ignored.
+            optionally ``alpha_node`` and ``row_slots`` (optimizer slots per
+            row: ``auto`` never replicates a table whose whole size with
+            them exceeds ``HPCPAX_REPLICA_MEMORY``); extra keys are ignored.
         mode: ``"auto"``, ``"hybrid"``, ``"ps"`` or ``"allreduce"``.
         topology: ``num_nodes``, ``workers_per_node``, ``servers_per_node``
             (dict, :class:`ClusterShape` or object).
@@ -98,12 +101,16 @@ def make_plan(variables, mode: str, topology, fabric, partitions=None,
         sparse = sum(1 for s in specs if s.kind == "sparse")
         params = dataclasses.replace(params, ps_batch=max(1, sparse))
 
+    slots = {v["name"]: int(v.get("row_slots") or 0) for v in variables if isinstance(v, Mapping)}
     decisions = []  # (spec, method, local_aggregation, parts, predicted, reason)
     for spec in specs:
         parts = _partitions_for(spec.name, partitions, default_partitions)
         if mode == "auto":
             method, times, reason = choose(spec, shape, fabric, partitions=parts, params=params,
                                            correction=correction)
+            if method != "ps" and spec.kind == "sparse" and not replicable(
+                    spec.rows, spec.dim * spec.itemsize, slots.get(spec.name, 0)):
+                method, reason = "ps", "whole table above HPCPAX_REPLICA_MEMORY: ps only"
             local = method == "ps" and several_per_node
             predicted = times[method]
         else:

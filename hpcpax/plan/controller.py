@@ -114,6 +114,11 @@ class PlanController:
         self._measure_until = first_step + self.trainer.config["plan_steps"] - 1
 
     # ---------------------------------------------------------------- steps
+    @property
+    def measuring(self) -> bool:
+        """True while sparsity is being measured (:meth:`observe` uses its ids)."""
+        return self._stats is not None
+
     def observe(self, ids: dict) -> None:
         """Record one step's ids of every sparse variable (workers; collective
         over each node's workers while measuring)."""
@@ -165,11 +170,17 @@ class PlanController:
                 "servers_per_node": len(topo.server_ranks) // topo.num_nodes}
 
     def _variables(self, measured):
+        from ..ops.optimizers import make_optimizer
+
         trainer = self.trainer
+        # alpha is touched rows / declared rows: floor it at half a row, not at a
+        # fraction that means millions of rows of a 2**63-row table
         out = [{"name": n, "kind": "sparse", "shape": [v.spec.rows, v.spec.dim],
-                "dtype": v.spec.dtype, "alpha": max(measured[n]["alpha"], 1e-12),
-                "alpha_node": max(measured[n]["alpha_node"], 1e-12),
-                "duplicate_ratio": max(measured[n]["duplicate_ratio"], 1.0)}
+                "dtype": v.spec.dtype, "alpha": max(measured[n]["alpha"], 0.5 / v.spec.rows),
+                "alpha_node": max(measured[n]["alpha_node"], 0.5 / v.spec.rows),
+                "duplicate_ratio": max(measured[n]["duplicate_ratio"], 1.0),
+                "row_slots": len(make_optimizer(v.spec.optimizer,
+                                                **v.spec.optimizer_params).row_slots)}
                for n, v in trainer.sync.variables.items()]
         out += [{"name": n, "kind": "dense", "shape": list(p.shape), "dtype": str(p.dtype)}
                 for n, p in trainer.dense.items()]

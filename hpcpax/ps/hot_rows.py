@@ -180,19 +180,19 @@ def _round(comm, accounting, slots):
     return out
 
 
-def pull_reply(topology, variables, hop, wanted, policy) -> list | None:
+def pull_reply(topology, variables, hop, wanted, policy, gather) -> tuple:
     """Answer a pull's owner hop with trees for hot rows.
 
     **Collective** over ``topology.comm``. ``hop`` is the owner hop whose
-    :meth:`send` returned ``wanted``. Returns each variable's rows in the
+    :meth:`send` returned ``wanted``; ``gather(var, ids)`` an owner's rows.
+    Returns each variable's rows in the
     requester's input order (as ``hop.reply`` would) and whether any owner
     chose a tree (the same on every rank).
     """
     comm, acct, me = topology.comm, topology.accounting, topology.rank
     rows, groups, rounds = [], [], 0
     for k, (var, (ids,)) in enumerate(zip(variables, wanted)):
-        rows.append(var.shard.gather(ids) if len(ids) else
-                    np.zeros((0, var.spec.dim), var.spec.dtype))
+        rows.append(gather(var, ids))
         g, found, r = classify(ids, hop.recv_counts[:, k], policy.min_nodes(var.spec.name),
                                policy.min_bytes, var.spec.row_bytes, _binomial_rounds)
         groups.append((g, found))
@@ -203,7 +203,7 @@ def pull_reply(topology, variables, hop, wanted, policy) -> list | None:
     held = []  # (k, members, ids, rows, is_root)
     for k, (var, (g, found)) in enumerate(zip(variables, groups)):
         for members, ids in found:
-            held.append((k, members, ids, var.shard.gather(ids), True))
+            held.append((k, members, ids, gather(var, ids), True))
     hot = [[] for _ in variables]
     cold = [None] * len(variables)
     for r in range(total):

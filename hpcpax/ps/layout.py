@@ -4,8 +4,10 @@ A :class:`VariableLayout` is computed identically on every rank from the
 spec, the partition count and the owner map (nothing is communicated): the
 partition of each row (:class:`~hpcpax.ops.partitioning.Partitioning`), the
 owner rank of each partition (:func:`~hpcpax.ps.placement.assign_owners`
-balances bytes unless a plan gives the map), and, on an owner, where each of
-its rows sits in the one table holding all its partitions back to back.
+balances bytes unless a plan gives the map). An owner stores its rows
+lazily (:class:`~hpcpax.ps.rowstore.LazyRows`): a row's place there is a
+slot from an id map, not a function of the layout, so nothing here is
+per row and a layout of ``2**63 - 1`` rows costs what one of ten does.
 """
 
 from __future__ import annotations
@@ -22,6 +24,10 @@ __all__ = ["VariableLayout", "WholeLayout"]
 class VariableLayout:
     """The row layout of one variable under one partitioning; local, no MPI.
 
+    ``owned_global_ids``, ``local_rows`` and ``num_local_rows`` describe
+    the owned rows as one dense block (partitions back to back); only
+    whole-table loads of small tables use them.
+
     Args:
         spec: the :class:`~hpcpax.ps.spec.SparseVariableSpec`.
         topology: from :func:`hpcpax.init` (its ``owner_ranks`` and ``rank``).
@@ -33,8 +39,13 @@ class VariableLayout:
         ConfigError: ``owners`` does not name one valid owner per partition.
     """
 
+    #: Rows are stored lazily on owners (not a whole table).
+    whole = False
+
     def __init__(self, spec, topology, num_partitions, owners=None):
         self.spec = spec
+        #: This rank (world).
+        self.rank = int(topology.rank)
         self.partitioning = Partitioning(spec.partitioning, spec.rows, int(num_partitions))
         num_partitions = self.partitioning.num_parts
         owner_ranks = topology.owner_ranks
@@ -94,6 +105,9 @@ class WholeLayout:
     Has the parts of :class:`VariableLayout` a
     :class:`~hpcpax.ps.table.TableShard` uses: every row, at its own index.
     """
+
+    #: Every row is built at once, row ``r`` at index ``r``.
+    whole = True
 
     def __init__(self, rows: int):
         self.num_local_rows = int(rows)

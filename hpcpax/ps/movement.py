@@ -24,6 +24,7 @@ from ..backend import to_host
 from ..comm.exchange import alltoallv_many, exchange_counts_many
 from ..ops import dedup_sum, partition_pack
 from .hot_rows import HotRows, pull_reply, push_chain
+from .memory import MemoryBudgetError
 
 __all__ = ["Hop", "DataMovement"]
 
@@ -100,6 +101,9 @@ class DataMovement:
         self.reduce = reduce
         self.hot = HotRows(hot_rows)
         self._trees = {}  # name -> whether its last pull chose a tree (agreed by all ranks)
+        #: ``on_owner_error(error)``: where an owner's table that cannot grow is
+        #: reported (the protocol's ``defer``); None raises at once.
+        self.on_owner_error = None
         nw = topology.node_workers
         self._node_ranks = (np.array(nw.allgather(topology.rank), np.int64)
                             if nw is not None else None)
@@ -139,11 +143,11 @@ class DataMovement:
         owner = self._owner_hop("pull", variables, requests, [None] * len(variables))
         wanted = owner.send()
         if self._hot(variables):
-            result, chose = pull_reply(self.topology, variables, owner, wanted, self.hot)
+            result, chose = pull_reply(self.topology, variables, owner, wanted, self.hot,
+                                       self._gather)
             self._trees.update((v.spec.name, chose) for v in variables)
         else:
-            rows = [v.shard.gather(ids) if len(ids) else np.zeros((0, v.spec.dim), v.spec.dtype)
-                    for v, (ids,) in zip(variables, wanted)]
+            rows = [self._gather(v, ids) for v, (ids,) in zip(variables, wanted)]
             result = owner.reply(rows)
         if la:
             back = node.reply([result[k][inverse] for k, inverse in zip(la, inverses)])
@@ -182,6 +186,21 @@ class DataMovement:
         """Whether any of ``variables`` may use trees (the same answer on every rank)."""
         return any(self.hot.min_nodes(v.spec.name) for v in variables)
 
+    def _owner_failed(self, error) -> None:
+        if self.on_owner_error is None:
+            raise error
+        self.on_owner_error(error)
+
+    def _gather(self, var, ids):
+        """Owner side of a pull; zeros (and a deferred error) when the table cannot grow."""
+        if not len(ids):
+            return np.zeros((0, var.spec.dim), var.spec.dtype)
+        try:
+            return var.shard.gather(ids)
+        except MemoryBudgetError as exc:
+            self._owner_failed(exc)
+            return np.zeros((len(ids), var.spec.dim), var.spec.dtype)
+
     def _apply(self, var, ids, values) -> None:
         """Owner side of a push: sum (or mean) the received rows, run the optimizer."""
         if var.shard is None:
@@ -191,4 +210,7 @@ class DataMovement:
             workers = self.topology.num_workers
             if self.reduce == "mean" and workers > 1:
                 summed /= workers
-            var.shard.apply(unique, summed)
+            try:
+                var.shard.apply(unique, summed)
+            except MemoryBudgetError as exc:  # nothing applied on this owner
+                self._owner_failed(exc)

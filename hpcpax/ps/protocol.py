@@ -7,6 +7,12 @@ with the others (another operation, another variable) is named on every
 rank, and how a bad input on one worker makes every worker raise together
 instead of deadlocking. Batched operations carry their variables as a bit
 mask in the argument, relative to the header's variable index.
+
+An owner that could not serve its part of an operation already under way
+(a table that would outgrow the memory budget) answers it as well as it can
+and :meth:`Protocol.defer` s the error: its next header carries
+:data:`STATUS_DEFERRED`, and every rank, servers included, raises that
+error before the next operation runs.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ import numpy as np
 
 from ..comm.agreement import STATUS_NONFINITE, STATUS_OK, refuse_together, status_of
 from ..errors import MismatchError
+from .memory import MemoryBudgetError
 
 __all__ = ["Protocol", "OP_NAMES", "MAX_BATCH", "batches", "mask_of", "names_of", "status_of"]
 
@@ -30,6 +37,8 @@ MANY_OPS = (OP_PULL_MANY, OP_PUSH_MANY)
 #: the header's int64 argument, relative to the header's variable index.
 MAX_BATCH = 62
 HEADER_INTS = 4  # op, variable index, status (see hpcpax.comm.agreement), argument
+#: Header status of a rank holding a deferred error (any rank, servers included).
+STATUS_DEFERRED = 99
 
 
 def batches(variables) -> list:
@@ -70,6 +79,13 @@ class Protocol:
         self.nonfinite = nonfinite
         #: Pushes skipped on every rank under ``nonfinite="skip"``.
         self.skipped_pushes = 0
+        #: This rank's error from an operation it could not complete (see :meth:`defer`).
+        self.deferred = None
+
+    def defer(self, error) -> None:
+        """Raise ``error`` on every rank at the next header (the first one deferred wins)."""
+        if self.deferred is None:
+            self.deferred = error
 
     def batch(self, base, mask) -> list:
         """The variables of a batched header: indices ``base + i`` for set bits ``i``."""
@@ -94,6 +110,8 @@ class Protocol:
 
         topo = self.topology
         comm = topo.comm
+        if self.deferred is not None:
+            status = STATUS_DEFERRED
         mine = np.array([op, var_index, status, argument], np.int64)
         everyone = np.empty((comm.Get_size(), HEADER_INTS), np.int64)
         start = time.perf_counter()
@@ -101,6 +119,8 @@ class Protocol:
         n = comm.Get_size() - 1
         topo.accounting.record_bytes("control", None, sent=n * mine.nbytes, recv=n * mine.nbytes,
                                      seconds=time.perf_counter() - start)
+        if (everyone[:, 2] == STATUS_DEFERRED).any():
+            self._raise_deferred(everyone)
         workers = everyone[topo.worker_ranks]
         first = workers[0]
         disagree = [r for r, h in zip(topo.worker_ranks, workers)
@@ -111,6 +131,17 @@ class Protocol:
                 f"{topo.worker_ranks[0]} {self._describe(first)}, ranks {disagree} "
                 f"{self._describe(everyone[disagree[0]])}")
         return workers
+
+    def _raise_deferred(self, everyone):
+        """Every rank raises the first deferred error (one ``bcast`` of its message)."""
+        first = int(np.flatnonzero(everyone[:, 2] == STATUS_DEFERRED)[0])
+        comm = self.topology.comm
+        message = comm.bcast(str(self.deferred) if comm.Get_rank() == first else None,
+                             root=first)
+        self.deferred = None
+        refused = OP_NAMES.get(int(everyone[self.topology.worker_ranks[0], 0]), "?")
+        raise MemoryBudgetError(f"owner rank {first}: {message} (raised on every rank; the "
+                                f"next operation, {refused}, was not run)")
 
     def check_status(self, workers, var_name, op_name, error=None) -> bool:
         """Raise on every worker if any worker reported bad input.

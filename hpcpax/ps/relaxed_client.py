@@ -30,7 +30,7 @@ from ..errors import NonFiniteError
 from ..ops import dedup_sum, partition_pack
 from . import relaxed_wire as wire
 from .movement import Hop
-from .sparse_grad import SparseGrad, check_indices
+from .sparse_grad import check_indices, prepare_push
 
 __all__ = ["RelaxedClient"]
 
@@ -187,7 +187,7 @@ class RelaxedClient:
         ids, values, skip = [], [], False
         for var in variables:
             try:
-                i, v = self._prepare(var, grads[var.spec.name])
+                i, v = prepare_push(var.spec, grads[var.spec.name])
             except NonFiniteError:
                 if self.ps.nonfinite != "skip":
                     raise
@@ -215,22 +215,6 @@ class RelaxedClient:
             acct.record_bytes("push", var.spec.name, sent=i.nbytes + v.nbytes)
         self.clock += 1
         return not skip
-
-    def _prepare(self, var, grad):
-        """Validate ``grad`` for ``var``; its deduplicated host ``(ids, values)``."""
-        name = var.spec.name
-        if not isinstance(grad, SparseGrad):
-            raise TypeError(f"{name}: push needs a SparseGrad, not {type(grad).__name__}")
-        if grad.num_rows != var.spec.rows:
-            raise ValueError(f"{name}: SparseGrad.num_rows must be {var.spec.rows}, "
-                             f"not {grad.num_rows}")
-        grad.validate(name, var.spec.dim, var.spec.dtype)
-        xp = array_module(grad.indices)
-        ids, values = dedup_sum(grad.indices.astype(xp.int64, copy=False), grad.values)
-        if not bool(xp.isfinite(values).all()):
-            raise NonFiniteError(f"{name}: gradient holds NaN or Inf "
-                                 f"(set nonfinite='skip' to skip such steps)")
-        return ids, values
 
     def _send(self, dest, buffer) -> None:
         from mpi4py import MPI

@@ -1,8 +1,9 @@
 """Moving a variable's rows as a whole: gather, load, repartition.
 
-Every row travels with its optimizer state, by global id, so nothing is
-recomputed and training continues as if the new layout (or method) had been
-used from the start. Used by :class:`~hpcpax.ps.server.ParameterServer`'s
+Every held row travels with its optimizer state, by global id, so nothing
+is recomputed and training continues as if the new layout (or method) had
+been used from the start; rows never touched travel nowhere (their owner
+creates them from the initializer when they are). Used by :class:`~hpcpax.ps.server.ParameterServer`'s
 ``gather_table``, ``load_table`` and ``repartition``, which say which calls
 are collective.
 """
@@ -12,6 +13,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..comm.exchange import alltoallv_rows, exchange_counts, group_by_destination
+from .initializers import init_rows
+from .memory import MemoryBudgetError, check_whole_table
 
 __all__ = ["export_rows", "gather_table", "repartition_collective"]
 
@@ -31,26 +34,39 @@ def export_rows(var):
 def gather_table(comm, var):
     """The whole table of ``var`` with its optimizer state, on every rank of ``comm``.
 
-    **Collective** over ``comm`` (every rank of the job). Returns
+    **Collective** over ``comm`` (every rank of the job). Only the rows the
+    owners hold travel; the others get their initial values here. Returns
     ``(table, row_state, scalar_state)`` as host arrays.
+
+    Raises:
+        ConfigError: on every rank, before anything moves, when the whole
+            table exceeds ``HPCPAX_REPLICA_MEMORY``.
     """
     spec = var.spec
+    check_whole_table(spec, "gathering the table")
     pieces = comm.allgather(export_rows(var))
-    table = np.empty((spec.rows, spec.dim), spec.dtype)
-    row_state, scalars = {}, {}
-    for gids, rows, state, scalar in pieces:
+    table = init_rows(spec.initializer, var.seed, spec.name, np.arange(spec.rows), spec.dim,
+                      spec.dtype, spec.init_scale)
+    state = var.optimizer.init_state(table.shape, table.dtype, np)
+    row_state = {k: state[k] for k in var.optimizer.row_slots}
+    scalars = {}
+    for gids, rows, held_state, scalar in pieces:
+        scalars = scalar or scalars
         if len(gids) == 0:
             continue
         table[gids] = rows
-        for key, value in state.items():
-            row_state.setdefault(key, np.empty((spec.rows,) + value.shape[1:],
-                                               value.dtype))[gids] = value
-        scalars = scalar or scalars
+        for key, value in held_state.items():
+            row_state[key][gids] = value
     return table, row_state, {k: np.array(v, copy=True) for k, v in scalars.items()}
 
 
-def repartition_collective(topology, accounting, var, num_partitions, owners) -> None:
-    """Move every row of ``var`` to its owner under a new layout; **collective** (every rank)."""
+def repartition_collective(topology, accounting, var, num_partitions, owners):
+    """Move every held row of ``var`` to its owner under a new layout; **collective** (every rank).
+
+    Returns the :class:`~hpcpax.ps.memory.MemoryBudgetError` of an owner
+    that cannot hold its new rows (to be raised on every rank together), or
+    None.
+    """
     spec = var.spec
     gids, table, row_state, scalars = export_rows(var)
     scalars = topology.comm.bcast(scalars, root=int(var.layout.owner_rank_of_part[0]))
@@ -63,5 +79,9 @@ def repartition_collective(topology, accounting, var, num_partitions, owners) ->
     got = alltoallv_rows(topology.comm, counts, recv, grouped, accounting, "repartition",
                          spec.name)
     if var.shard is not None:
-        var.shard.place(got[0], got[1], dict(zip(slots, got[2:])))
         var.shard.set_scalars(scalars)
+        try:
+            var.shard.place(got[0], got[1], dict(zip(slots, got[2:])))
+        except MemoryBudgetError as exc:
+            return exc
+    return None

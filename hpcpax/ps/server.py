@@ -30,13 +30,13 @@ import numpy as np
 
 from ..backend import array_module
 from ..comm.agreement import check_same
-from ..errors import ConfigError, NonFiniteError, SparseIndexError
-from ..ops import dedup_sum
+from ..errors import ConfigError, SparseIndexError
 from . import protocol as wire
-from .memory import check_memory_budget
+from .memory import (MemoryBudgetError, RankMemory, check_memory_budget, check_whole_table,
+                     owner_budget)
 from .movement import DataMovement
 from .reshard import export_rows, gather_table, repartition_collective
-from .sparse_grad import SparseGrad, check_indices
+from .sparse_grad import SparseGrad, check_indices, prepare_push
 from .spec import SparseVariableSpec
 from .variable import PsVariable
 
@@ -78,12 +78,15 @@ class ParameterServer:
         self._by_index = []
         self._wire = wire.Protocol(topology, self._by_index, nonfinite)
         self._movement = DataMovement(topology, reduce, hot_rows)
+        self._movement.on_owner_error = self._wire.defer  # raised on every rank, next header
         #: Optional object with a ``guard(name)`` context manager (e.g.
         #: :class:`hpcpax.comm.watchdog.Watchdog`); :meth:`serve` runs each
         #: operation inside it, so a server stuck in a collective is reported.
         self.watchdog = None
         #: Bytes this rank may hold (None: a share of the host's memory).
         self.memory_budget = None
+        #: The rows this rank holds against that budget, checked as tables grow.
+        self.memory = RankMemory(lambda: owner_budget(self))
 
     @property
     def skipped_pushes(self) -> int:
@@ -108,12 +111,14 @@ class ParameterServer:
         self._wire.header(wire.OP_REGISTER, -1, wire.STATUS_OK, len(specs))
         self.register_collective(specs)
 
-    def register_collective(self, specs) -> None:
+    def register_collective(self, specs, whole=False) -> None:
         """The body of :meth:`register` on every rank (servers pass ``[]``).
 
         **Collective** over ``topology.comm``, without the header: for
         callers that already have every rank at the same point (a method
-        switch in a trainer command).
+        switch in a trainer command). Tables start empty (rows are created
+        on first touch); ``whole=True`` (same on every rank) says every row
+        is about to be loaded, so the budget check counts them all.
         """
         topo = self.topology
         first = topo.worker_ranks[0]
@@ -122,9 +127,10 @@ class ParameterServer:
         check_same(topo.comm, "sparse variable specs",
                    {f"spec[{i}]": s.to_dict() for i, s in enumerate(mine)}
                    | {"count": len(mine)})
-        check_memory_budget(self, agreed)  # every rank refuses together, before allocating
+        check_memory_budget(self, agreed, whole)  # every rank refuses together
+        self.memory.refresh()
         for spec in agreed:
-            var = PsVariable(len(self._by_index), spec, topo, self.seed)
+            var = PsVariable(len(self._by_index), spec, topo, self.seed, memory=self.memory)
             self.variables[spec.name] = var
             self._by_index.append(var)
 
@@ -246,7 +252,7 @@ class ParameterServer:
         prepared, error = {}, None
         for var in variables:
             try:
-                prepared[var.spec.name] = self._prepare_push(var, grads[var.spec.name])
+                prepared[var.spec.name] = prepare_push(var.spec, grads[var.spec.name])
             except (TypeError, ValueError, FloatingPointError) as exc:
                 error = error or exc
         for group in wire.batches(variables):
@@ -260,22 +266,6 @@ class ParameterServer:
             ids, values = zip(*(prepared[v.spec.name] for v in group))
             self._movement.push(group, ids, values, [self._aggregates(v) for v in group])
         return True
-
-    def _prepare_push(self, var, grad):
-        """Validate ``grad`` for ``var``; its deduplicated ``(ids, values)`` on its device."""
-        name = var.spec.name
-        if not isinstance(grad, SparseGrad):
-            raise TypeError(f"{name}: push needs a SparseGrad, not {type(grad).__name__}")
-        if grad.num_rows != var.spec.rows:
-            raise ValueError(f"{name}: SparseGrad.num_rows must be {var.spec.rows}, "
-                             f"not {grad.num_rows}")
-        grad.validate(name, var.spec.dim, var.spec.dtype)
-        xp = array_module(grad.indices)
-        ids, values = dedup_sum(grad.indices.astype(xp.int64, copy=False), grad.values)
-        if not bool(xp.isfinite(values).all()):
-            raise NonFiniteError(f"{name}: gradient holds NaN or Inf "
-                                 f"(set nonfinite='skip' to skip such steps)")
-        return ids, values
 
     # ------------------------------------------------------ export / import
     def export_rows(self, name):
@@ -292,7 +282,10 @@ class ParameterServer:
 
         **Collective** over ``topology.comm``, called by every rank outside
         :meth:`serve` (for switching a variable to a replicated method).
-        Returns ``(table, row_state, scalar_state)`` as host arrays.
+        Returns ``(table, row_state, scalar_state)`` as host arrays; rows
+        never touched hold their initial values. A table larger than
+        ``HPCPAX_REPLICA_MEMORY`` is refused on every rank
+        (:class:`~hpcpax.errors.ConfigError`) before anything moves.
         """
         return gather_table(self.topology.comm, self._var(name))
 
@@ -305,7 +298,10 @@ class ParameterServer:
         """
         shard = self._var(name).shard
         if shard is not None:
-            shard.load_whole(table, row_state, scalars)
+            try:
+                shard.load_whole(table, row_state, scalars)
+            except MemoryBudgetError as exc:  # raised on every rank at the next header
+                self._wire.defer(exc)
 
     def repartition(self, name, num_partitions, owners=None) -> None:
         """Move ``name`` to ``num_partitions`` partitions, live and exactly.
@@ -320,14 +316,21 @@ class ParameterServer:
             raise ValueError(f"num_partitions must be a positive int, not {num_partitions!r}")
         self._wire.header(wire.OP_REPARTITION, var.index, wire.STATUS_OK, int(num_partitions))
         owners = self.topology.comm.bcast(owners, root=self.topology.worker_ranks[0])
-        repartition_collective(self.topology, self.accounting, var, int(num_partitions), owners)
+        error = repartition_collective(self.topology, self.accounting, var, int(num_partitions),
+                                       owners)
+        if error is not None:
+            self._wire.defer(error)
 
     def read_table(self, name):
         """The whole table of ``name`` on every worker (host array).
 
-        **Collective**; for tests, evaluation and small tables only.
+        **Collective**; for tests, evaluation and small tables only: a
+        table larger than ``HPCPAX_REPLICA_MEMORY`` is refused
+        (:class:`~hpcpax.errors.ConfigError`, on every worker, before any
+        communication). Every row is created on its owner.
         """
         var = self._var(name)
+        check_whole_table(var.spec, "read_table")
         return self.pull(name, np.arange(var.spec.rows, dtype=np.int64))
 
     # --------------------------------------------------------------- serve
@@ -358,8 +361,10 @@ class ParameterServer:
             return
         if op == wire.OP_REPARTITION:
             owners = self.topology.comm.bcast(None, root=self.topology.worker_ranks[0])
-            repartition_collective(self.topology, self.accounting, self._by_index[index],
-                                   argument, owners)
+            error = repartition_collective(self.topology, self.accounting,
+                                           self._by_index[index], argument, owners)
+            if error is not None:
+                self._wire.defer(error)
             return
         group = (self._wire.batch(index, argument) if op in wire.MANY_OPS
                  else [self._by_index[index]])
@@ -377,3 +382,4 @@ class ParameterServer:
         """Release the server ranks from :meth:`serve`. **Collective** on workers."""
         if self.topology.is_worker:
             self._wire.header(wire.OP_SHUTDOWN)
+

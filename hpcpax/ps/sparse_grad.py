@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..backend import array_module
-from ..errors import SparseIndexError
+from ..errors import NonFiniteError, SparseIndexError
 
 __all__ = ["SparseGrad"]
 
@@ -68,3 +68,29 @@ def check_indices(name: str, ids, num_rows: int) -> None:
         raise SparseIndexError(f"{name}: index {lo} is negative")
     if hi >= num_rows:
         raise SparseIndexError(f"{name}: index {hi} is out of range for {num_rows} rows")
+
+
+def prepare_push(spec, grad):
+    """Validate ``grad`` for the variable of ``spec``; its deduplicated ``(ids, values)``.
+
+    Local (no communication); the arrays stay on ``grad``'s device.
+
+    Raises:
+        TypeError: ``grad`` is not a :class:`SparseGrad`.
+        ValueError, SparseIndexError: wrong row count, width, dtype or ids.
+        NonFiniteError: the summed gradient holds NaN or Inf.
+    """
+    from ..ops import dedup_sum
+
+    name = spec.name
+    if not isinstance(grad, SparseGrad):
+        raise TypeError(f"{name}: push needs a SparseGrad, not {type(grad).__name__}")
+    if grad.num_rows != spec.rows:
+        raise ValueError(f"{name}: SparseGrad.num_rows must be {spec.rows}, not {grad.num_rows}")
+    grad.validate(name, spec.dim, spec.dtype)
+    xp = array_module(grad.indices)
+    ids, values = dedup_sum(grad.indices.astype(xp.int64, copy=False), grad.values)
+    if not bool(xp.isfinite(values).all()):
+        raise NonFiniteError(f"{name}: gradient holds NaN or Inf "
+                             f"(set nonfinite='skip' to skip such steps)")
+    return ids, values

@@ -18,7 +18,10 @@ class SparseVariableSpec:
 
     Attributes:
         name: unique name.
-        rows, dim: table shape.
+        rows, dim: table shape. ``rows`` may be as large as the id space
+            (up to ``2**63 - 1``, e.g. for hashed 64-bit ids): owners create
+            a row when it is first pulled or pushed, so start-up and memory
+            follow the rows touched, not ``rows``.
         dtype: ``float32`` or ``float64``.
         initializer: ``uniform`` (U(-init_scale, init_scale)), ``zeros`` or
             ``constant`` (every value ``init_scale``).
@@ -27,6 +30,10 @@ class SparseVariableSpec:
         optimizer_params: hyper-parameters, e.g. ``{"lr": 0.1}``.
         partitioning: ``mod`` (row r in partition r % P) or ``range``.
         num_partitions: P; None = one per owner rank.
+        eviction: ``none`` (default: a table that would outgrow its owner's
+            memory budget is an error) or ``lru`` (the least recently used
+            rows are dropped to make room; touched again they start over
+            from the initializer). See :mod:`hpcpax.ps.rowstore`.
     """
 
     name: str
@@ -39,6 +46,7 @@ class SparseVariableSpec:
     optimizer_params: dict = field(default_factory=lambda: {"lr": 0.1})
     partitioning: str = "mod"
     num_partitions: int | None = None
+    eviction: str = "none"
 
     def validate(self) -> None:
         """Raise ``ValueError``/``TypeError`` for a bad field (local check)."""
@@ -46,8 +54,9 @@ class SparseVariableSpec:
             raise TypeError(f"name must be a non-empty str, not {self.name!r}")
         for key in ("rows", "dim"):
             value = getattr(self, key)
-            if not isinstance(value, (int, np.integer)) or value < 1:
-                raise ValueError(f"{self.name}: {key} must be a positive int, not {value!r}")
+            if not isinstance(value, (int, np.integer)) or not 1 <= value < 1 << 63:
+                raise ValueError(f"{self.name}: {key} must be a positive int below 2**63, "
+                                 f"not {value!r}")
         if np.dtype(self.dtype) not in (np.dtype("float32"), np.dtype("float64")):
             raise TypeError(f"{self.name}: dtype must be float32 or float64, not {self.dtype}")
         if self.initializer not in INITIALIZERS:
@@ -60,6 +69,9 @@ class SparseVariableSpec:
                 not isinstance(self.num_partitions, (int, np.integer)) or self.num_partitions < 1):
             raise ValueError(f"{self.name}: num_partitions must be a positive int, "
                              f"not {self.num_partitions!r}")
+        if self.eviction not in ("none", "lru"):
+            raise ValueError(f"{self.name}: eviction must be 'none' or 'lru', "
+                             f"not {self.eviction!r}")
         make_optimizer(self.optimizer, **self.optimizer_params)
 
     def to_dict(self) -> dict:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from ..ps.reshard import repartition_collective
 from ..ps.sparse_grad import SparseGrad
 from .replicated import push_many as push_replicated
 from .variable import VariableSync
@@ -64,6 +65,27 @@ class SparseSync:
             owners = request.get("owners")
             if owners:
                 var.repartition(len(owners), owners)
+            if request.get("local_aggregation") is not None:
+                var.set_local_aggregation(request["local_aggregation"])
+
+    def register_collective(self) -> None:
+        """:meth:`register` on every rank at once (servers too), without a header.
+
+        **Collective** over ``topology.comm``: for callers that already have
+        every rank at the same point (a set-up shared by servers and workers,
+        e.g. :class:`hpcpax.app.model_sync.ModelSync`).
+        """
+        topo, ps = self.topology, self.ps
+        on_ps = [self.specs[n] for n, v in self.variables.items() if v.method == "ps"]
+        ps.register_collective(on_ps if topo.is_worker else [])
+        for name, var in self.variables.items():
+            request = self._requests[name]
+            if var.method != "ps":
+                continue
+            owners = request.get("owners")
+            if owners:
+                repartition_collective(topo, ps.accounting, ps.variables[name], len(owners),
+                                       list(owners))
             if request.get("local_aggregation") is not None:
                 var.set_local_aggregation(request["local_aggregation"])
 
@@ -128,6 +150,6 @@ class SparseSync:
         return out
 
     def restore_rows(self, read_rows) -> None:
-        """Load every variable's rows held here; ``read_rows(name, ids)``; local."""
+        """Load every variable's rows held here; ``read_rows(name, keep)``; local."""
         for name, var in self.variables.items():
-            var.restore_rows(lambda ids, name=name: read_rows(name, ids))
+            var.restore_rows(lambda keep, name=name: read_rows(name, keep))

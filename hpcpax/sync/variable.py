@@ -17,6 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import ConfigError
+from ..ps.memory import check_whole_table
 from . import METHODS
 from .replicated import ReplicatedTable
 
@@ -44,6 +45,8 @@ class VariableSync:
         self.topology, self.spec, self.ps, self.seed = topology, spec, ps, int(seed)
         self.name = spec.name
         self._method = method
+        if method != "ps":  # on every rank alike, before any replica is built
+            check_whole_table(spec, f"method {method!r}")
         #: The worker's replica when the method is replicated (None otherwise).
         self.replica = (ReplicatedTable(topology, spec, method, seed=seed)
                         if method != "ps" and topology.is_worker else None)
@@ -104,7 +107,7 @@ class VariableSync:
                 self.replica.method = method
         else:
             if self.name not in self.ps.variables:
-                self.ps.register_collective([self.spec] if topo.is_worker else [])
+                self.ps.register_collective([self.spec] if topo.is_worker else [], whole=True)
             payload = None
             if topo.is_worker and topo.worker_index == 0:
                 table, rows, scalars = self.replica.shard.export()[1:]
@@ -140,8 +143,10 @@ class VariableSync:
         """Load the rows this rank holds from a checkpoint; local.
 
         Args:
-            read_rows: ``read_rows(global ids) -> (table, row state, scalars)``
-                (e.g. :func:`hpcpax.app.checkpoint.load_rows` of one variable).
+            read_rows: ``read_rows(keep) -> (global ids, table, row state,
+                scalars)``, the checkpoint's rows whose ids ``keep`` selects
+                (e.g. :func:`hpcpax.app.checkpoint.load_matching` of one
+                variable); see :meth:`~hpcpax.ps.table.TableShard.restore`.
         """
         if self._method == "ps":
             shard = self.ps.variables[self.name].shard

@@ -123,7 +123,9 @@ def _truncate(path, name):
 def _flip(path, name):
     with open(os.path.join(path, name), "r+b") as handle:
         handle.seek(-32, os.SEEK_END)
-        handle.write(b"\x00" * 32)
+        tail = handle.read(32)
+        handle.seek(-32, os.SEEK_END)
+        handle.write(bytes(b ^ 0xFF for b in tail))  # (zeros could equal the padding there)
 
 
 def _garble_manifest(path, name):

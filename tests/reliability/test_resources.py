@@ -1,4 +1,6 @@
-"""The server memory budget refuses oversized tables on every rank, before allocating."""
+"""The server memory budget: tables loaded whole are refused on every rank before
+allocating; declared rows cost nothing (rows come on first touch, checked as
+they grow: tests/ps/test_lazy_tables.py)."""
 
 import pytest
 from mpi4py import MPI
@@ -62,11 +64,33 @@ def _register(budget, specs, env=None):
 
 @pytest.mark.mpi(min_size=1)
 @pytest.mark.timeout(60)
-def test_oversized_tables_refused_on_every_rank(comm):
+def test_tables_loaded_whole_are_refused_on_every_rank(comm):
+    """A table about to be loaded whole (a switch to ps) counts every row."""
     big = SparseVariableSpec("big", 100_000, 16, optimizer="adagrad", num_partitions=1)
-    message, ps = _register(1 << 20, [big])
+    topo = hpcpax.init(servers_per_node=1 if MPI.COMM_WORLD.Get_size() > 1 else 0)
+    try:
+        ps = ParameterServer(topo)
+        ps.memory_budget = 1 << 20
+        try:
+            ps.register_collective([big] if topo.is_worker else [], whole=True)
+            message = ""
+        except ConfigError as exc:
+            message = str(exc)
+    finally:
+        topo.free()
     words = ["owner rank", "6.1 MiB", "optimizer slots", "1.0 MiB", "big 100000x16"]
     ok = all(w in message for w in words) and not ps.variables
+    assert comm.allreduce(ok, op=MPI.LAND), message
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.timeout(60)
+def test_declared_rows_cost_nothing_at_registration(comm):
+    """Rows are created on first touch: a table far above the budget registers."""
+    big = SparseVariableSpec("big", 10**12, 16, optimizer="adagrad", num_partitions=1)
+    message, ps = _register(1 << 20, [big])
+    shard = ps.variables["big"].shard if "big" in ps.variables else None
+    ok = message == "" and (shard is None or (shard.rows_held == 0 and shard.nbytes < 1 << 16))
     assert comm.allreduce(ok, op=MPI.LAND), message
 
 

@@ -202,10 +202,10 @@ def test_a_sparse_file_the_manifest_does_not_list_is_never_read(tmp_path):
     run(run_dir, steps=2, checkpoint_every=2)
     path = tmp_path / "run" / "checkpoints" / "step_000002"
     victim = sorted(p for p in path.iterdir() if p.name.startswith("sparse_rank"))[0]
+    held, rows, _, _ = ckpt.load_matching(path, "embedding", lambda ids: ids >= 0)
     shutil.copy(victim, path / "sparse_rank99.h5")  # the same rows again, unlisted
-    gids = np.arange(10)
-    table, _, _ = ckpt.load_rows(path, "embedding", gids)  # would raise "duplicated"
-    assert table.shape[0] == 10
+    ids, table, _, _ = ckpt.load_matching(path, "embedding", lambda ids: ids >= 0)  # else "twice"
+    assert len(held) > 0 and np.array_equal(ids, held) and np.array_equal(table, rows)
 
 
 # --------------------------------------------------------------- 9. data moved
@@ -324,3 +324,23 @@ def test_a_link_in_a_data_file_is_refused_at_open(tmp_path):
     with pytest.raises(DataError, match=r"lm.h5: 'tokens' is a ExternalLink to .*other.h5:"
                                         r"tokens'; data files hold plain datasets only"):
         open_dataset(str(tmp_path / "lm.h5"), "lm", context=3)
+
+
+# ---------------------------------------------------------- 6. dense memory
+def test_dense_layers_above_the_replica_budget_are_refused_before_allocation(tmp_path,
+                                                                              monkeypatch):
+    from hpcpax.app.build import check_dense_memory
+
+    # float32 layers of 1,000,000 + 1,000 values; adagrad: 1 slot -> 4 copies = 16,016,000 B
+    shapes = {"w1": (1000, 1000), "b1": (1000,)}
+    monkeypatch.setenv("HPCPAX_REPLICA_MEMORY", "16016000")
+    check_dense_memory(shapes, "float32", 1)  # exactly fits
+    monkeypatch.setenv("HPCPAX_REPLICA_MEMORY", "16015999")
+    with pytest.raises(ConfigError, match=r"dense layers need 15\.3 MiB on every worker .*"
+                                          r"1 optimizer slots.*largest: w1 \(1000, 1000\)"):
+        check_dense_memory(shapes, "float32", 1)
+    # the trainer refuses a huge --context before it allocates anything
+    monkeypatch.setenv("HPCPAX_REPLICA_MEMORY", "64M")
+    with pytest.raises(ConfigError, match=r"dense layers need .* above HPCPAX_REPLICA_MEMORY "
+                                          r"\(64\.0 MiB\): reduce --hidden/--context"):
+        run(tmp_path / "run", steps=1, context=200_000, emb_dim=8, hidden=[64])

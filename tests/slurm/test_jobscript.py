@@ -28,7 +28,7 @@ def test_list_templates():
     assert set(TEMPLATES) <= set(list_templates())
 
 
-@pytest.mark.parametrize("name", TEMPLATES)
+@pytest.mark.parametrize("name", TEMPLATES + ["script"])
 def test_default_render_matches_golden(name):
     text = render(name)
     golden = GOLDEN / f"{name}.sbatch"
@@ -39,7 +39,7 @@ def test_default_render_matches_golden(name):
         f"rerun with HPCPAX_UPDATE_GOLDEN=1 and review the diff")
 
 
-@pytest.mark.parametrize("name", TEMPLATES)
+@pytest.mark.parametrize("name", TEMPLATES + ["script"])
 @needs_bash
 def test_default_render_is_clean_bash(name, tmp_path):
     text = render(name)
@@ -50,7 +50,7 @@ def test_default_render_is_clean_bash(name, tmp_path):
     bash_syntax_ok(text, tmp_path)
 
 
-@pytest.mark.parametrize("name", TEMPLATES)
+@pytest.mark.parametrize("name", TEMPLATES + ["script"])
 def test_every_placeholder_has_default_and_help(name):
     template = load_template(name)
     assert set(re.findall(r"\{\{(\w+)\}\}", template.text)) == set(template.defaults)
@@ -67,6 +67,17 @@ def test_required_features(name):
                    "#SBATCH --signal=B:USR1@90", "#SBATCH --requeue", "--resume",
                    "python -m mpi4py -m hpcpax.train", "scontrol requeue"]:
         assert needle in text, needle
+
+
+@needs_bash
+def test_script_template_runs_a_users_script(tmp_path):
+    text = render("script", script="train.py", script_args="--steps 7", servers_per_node=2,
+                  ranks_per_node=4, mpi="pmix", gpus_per_node=4)
+    for needle in ["#SBATCH --gpus-per-node=4", "export HPCPAX_SERVERS_PER_NODE=2\n",
+                   "export HPCPAX_RANKS_PER_NODE=4\n",
+                   "srun --mpi=pmix --kill-on-bad-exit=1 python -m mpi4py train.py --steps 7\n"]:
+        assert needle in text, needle
+    bash_syntax_ok(text, tmp_path)
 
 
 @needs_bash

@@ -1,0 +1,235 @@
+"""What a distributed torch model does each step, on a worker.
+
+One :class:`Runtime` per distributed model holds its
+:class:`~hpcpax.app.model_sync.ModelSync` and does the adapter's work:
+
+- forward: :meth:`Runtime.lookup` pulls the distinct ids' rows of a table (a
+  leaf tensor that requires grad) and records them for the push;
+- backward: a hook on each dense parameter scales its incoming gradient
+  (uneven shards) and, once the gradient is accumulated, hands it to the
+  bucketed allreduce, which starts each bucket as it completes; a callback
+  at the end of the backward pass finishes the reductions, so after
+  ``loss.backward()`` every dense ``.grad`` holds the workers' mean, as
+  with DistributedDataParallel;
+- ``optimizer.step()`` (a step pre-hook): the recorded rows' gradients of
+  every table go out in one batched push (the servers run the row
+  optimizer), then the torch optimizer updates the dense parameters.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ..backend import array_module, cupy_module
+from ..errors import ConfigError
+from .tensors import as_array, as_tensor
+
+__all__ = ["Runtime"]
+
+
+class Runtime:
+    """The adapter's per-step work for one model on this rank.
+
+    Args:
+        sync: the model's :class:`~hpcpax.app.model_sync.ModelSync`.
+        tables: ``{name: {"rows", "dim", "dtype", "padding_idx", "device",
+            "counts_steps"}}`` (``counts_steps``: the row optimizer keeps a
+            per-table step count, so an empty push is not a no-op).
+        dense: ``{name: parameter}`` of the dense parameters that train.
+        loss_reduction: ``mean`` (the loss is a mean over the batch) or ``sum``.
+    """
+
+    def __init__(self, sync, tables, dense, loss_reduction="mean"):
+        self.sync, self.tables, self.dense = sync, tables, dense
+        self.topology = sync.topology
+        self.num_workers = self.topology.num_workers
+        self.loss_reduction = loss_reduction
+        #: Weight of this worker's gradient in the workers' mean (1 for even
+        #: shards of a mean loss); set per batch by the sharded data.
+        self.scale = float(self.num_workers) if loss_reduction == "sum" else 1.0
+        self.pending = {name: [] for name in tables}
+        self._dirty = False
+        self._callback_queued = False
+        self._handles = []
+        self.closed = False
+        #: The model's :class:`~hpcpax.torch.prefetch.Prefetch` (set by distribute).
+        self.prefetch = None
+        # With a per-table step count (Adam's), a table no worker used this
+        # step must not be pushed (torch would skip it): agree on which were.
+        self._mask = any(info.get("counts_steps", True) for info in tables.values())
+        if self.num_workers > 1:
+            for name, param in dense.items():
+                self._handles.append(param.register_hook(self._scaler()))
+                self._handles.append(param.register_post_accumulate_grad_hook(
+                    self._on_gradient(name)))
+
+    # ---------------------------------------------------------------- batches
+    def set_batch(self, local, total) -> None:
+        """The next batch is ``local`` of ``total`` samples: set the gradient scale."""
+        if self.loss_reduction == "sum":
+            self.scale = float(self.num_workers)
+        else:
+            self.scale = local * self.num_workers / total
+
+    def method(self, name) -> str:
+        """How table ``name`` is synced now."""
+        return self.sync.sync[name].method
+
+    # ---------------------------------------------------------------- forward
+    def _distinct(self, name, input):
+        """``(flat ids, distinct sorted int64 ids, inverse)`` of ``input`` on its device."""
+        if input.dtype not in (torch.int64, torch.int32):
+            raise TypeError(f"table {name!r}: ids must be torch.int64 or torch.int32, "
+                            f"not {input.dtype}")
+        flat = as_array(input.reshape(-1))
+        # NumPy's (or CuPy's) sort-based unique: torch's CPU unique with
+        # inverse takes 50x longer on a batch of ids
+        ids, inverse = array_module(flat).unique(flat, return_inverse=True)
+        return flat, (ids if ids.dtype == np.int64 else ids.astype(np.int64)), inverse
+
+    def pull_many(self, inputs) -> dict:
+        """Rows of several tables in one exchange; **collective** over the workers.
+
+        ``inputs`` maps tables to id tensors; returns ``{table: (input, flat
+        ids, distinct ids, inverse, rows)}`` (what :meth:`lookup` takes).
+        """
+        prepared = {name: self._distinct(name, input) for name, input in inputs.items()}
+        rows = self.sync.pull({name: p[1] for name, p in prepared.items()}, record=False)
+        return {name: (inputs[name], *prepared[name], rows[name][1]) for name in inputs}
+
+    def lookup(self, name, input, padding_idx=None):
+        """Rows of table ``name`` for ``input``'s ids; **collective** over the workers.
+
+        Takes the rows :attr:`prefetch` pulled for ``input`` when there are,
+        else pulls them. Returns ``(rows, local indices shaped like input,
+        local padding index)``; ``rows`` requires grad when grad is enabled,
+        and is recorded for the push.
+        """
+        entry = self.prefetch.take(name, input) if self.prefetch is not None else None
+        if entry is None:
+            entry = self.pull_many({name: input})[name][1:]
+        flat, ids, inverse, rows = entry
+        training = torch.is_grad_enabled()
+        if training:
+            self.sync.record({name: flat})
+        rows = as_tensor(rows)
+        device = self.tables[name]["device"]
+        if rows.device != device:
+            rows = rows.to(device)
+        if training:
+            rows.requires_grad_(True)
+            self.pending[name].append((ids, rows, self.scale))
+            self._dirty = True
+        local_padding = None
+        if padding_idx is not None:
+            where = int(array_module(ids).searchsorted(ids, padding_idx))
+            if where < len(ids) and int(ids[where]) == padding_idx:
+                local_padding = where
+        return rows, as_tensor(inverse.reshape(input.shape)), local_padding
+
+    # --------------------------------------------------------------- backward
+    def _scaler(self):
+        def scale(grad):
+            return grad if self.scale == 1.0 else grad * self.scale
+        return scale
+
+    def _on_gradient(self, name):
+        def ready(param):
+            grad = param.grad
+            if grad.is_sparse:
+                raise ConfigError(f"parameter {name!r} received a sparse gradient but is not the "
+                                  "weight of an nn.Embedding or nn.EmbeddingBag; make it one "
+                                  "(its rows then live on the parameter servers)")
+            if not grad.is_contiguous():
+                param.grad = grad = grad.contiguous()
+            self._dirty = True
+            self.sync.ready(name, as_array(grad))
+            if not self._callback_queued:
+                self._callback_queued = True
+                torch.autograd.Variable._execution_engine.queue_callback(self.finish_backward)
+        return ready
+
+    def finish_backward(self) -> None:
+        """Finish this backward pass's dense reductions; **collective** (workers)."""
+        self._callback_queued = False
+        self.sync.wait(fill=self._zero_gradient)
+
+    def _zero_gradient(self, name):
+        param = self.dense[name]
+        if param.grad is None:
+            param.grad = torch.zeros_like(param)
+        return as_array(param.grad)
+
+    # ------------------------------------------------------------------- step
+    def before_step(self) -> None:
+        """Push every table's gradient (one batched push); **collective** (workers).
+
+        Runs as the optimizers' step pre-hook; with several optimizers only
+        the first step of a training step has something to push.
+        """
+        if not self._dirty:
+            return
+        self._dirty = False
+        grads = {}
+        for name, entries in self.pending.items():
+            done = [(ids, rows.grad, scale) for ids, rows, scale in entries
+                    if rows.grad is not None]
+            if done:
+                grads[name] = self._table_gradient(name, done)
+        self.pending = {name: [] for name in self.tables}
+        used = list(grads)
+        if not self._mask:
+            used = list(self.tables)  # an empty push changes nothing: no need to agree
+        elif self.num_workers > 1:
+            mask = np.array([name in grads for name in self.tables], np.uint8)
+            from mpi4py import MPI
+
+            self.topology.workers.Allreduce(MPI.IN_PLACE, mask, op=MPI.MAX)
+            used = [name for name, flag in zip(self.tables, mask) if flag]
+        for name in used:
+            if name not in grads:  # another worker's batch used the table, not mine
+                info = self.tables[name]
+                xp = np if info["device"].type == "cpu" else cupy_module(required=True)
+                grads[name] = (xp.zeros(0, np.int64), xp.zeros((0, info["dim"]), info["dtype"]))
+        if grads:
+            self.sync.push(grads)
+
+    def _table_gradient(self, name, done):
+        """``(ids, values)`` of one table from its recorded rows' gradients."""
+        xp_ids, values = [], []
+        for ids, grad, scale in done:
+            if grad.is_sparse:  # one row per occurrence, duplicates summed by the push
+                local = as_array(grad._indices()[0])
+                ids, grad = ids[local], grad._values()
+            grad = as_array(grad if scale == 1.0 else grad * scale)
+            xp_ids.append(ids)
+            values.append(grad)
+        if len(done) == 1:
+            ids, grad = xp_ids[0], values[0]
+        else:
+            xp = array_module(values[0])
+            ids, grad = xp.concatenate(xp_ids), xp.concatenate(values)
+        padding = self.tables[name]["padding_idx"]
+        if padding is not None:  # torch leaves the padding row out of the gradient
+            keep = ids != padding
+            ids, grad = ids[keep], grad[keep]
+        return ids, grad
+
+    # ----------------------------------------------------------------- tables
+    def read_table(self, name):
+        """The whole table as a tensor on every worker; **collective** (workers)."""
+        return as_tensor(self.sync.sync[name].read_table()).to(self.tables[name]["device"])
+
+    def set_table(self, name, value) -> None:
+        """Replace table ``name``'s rows (first worker's ``value``); **collective** (workers)."""
+        self.sync.set_table(name, value.detach().cpu().numpy())
+
+    def close(self) -> None:
+        """Remove the hooks (local)."""
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+        if self.prefetch is not None:
+            self.prefetch.close()
+        self.closed = True
