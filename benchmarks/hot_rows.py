@@ -102,6 +102,8 @@ def main():
     parser.add_argument("--repeats", type=int, default=7, help="timed steps of each mode")
     parser.add_argument("--min-nodes", type=int, default=3,
                         help="hot_rows of the trees runs: nodes a row needs to be hot")
+    parser.add_argument("--links", default="virtual nodes on one shared host (no shaped links)",
+                        help="what the nodes and links are, for the report")
     parser.add_argument("--quick", action="store_true")
     args = parser.parse_args()
     if args.quick:
@@ -116,7 +118,7 @@ def main():
               "min_bytes": hpcpax.options.hot_rows_min_bytes, "plan": "ps",
               "methods": {"today": "ps, local aggregation, hot_rows=0",
                           "trees": f"ps, local aggregation, hot_rows={args.min_nodes}"},
-              "links": "virtual nodes on one shared host (no shaped links)"}
+              "links": args.links}
     bytes_ = {f"{kind}_{mode}": byte_pass(topo, args, cdf, kind, mode == "trees")
               for kind in ("zipf", "zipf_hot", "uniform") for mode in ("today", "trees")}
     result["bytes"] = bytes_

@@ -10,10 +10,13 @@ owner bytes, ``(|S| - 1) x rows x row bytes``, reach ``min_bytes`` (the
 price of the added rounds) takes a tree; the other rows move as before.
 
 - **Pull**: the owner sends the group once, to the first member of ``S``
-  (ascending rank); from there a binomial tree over ``S`` (round ``r >= 1``:
-  member ``i < 2^(r-1)`` sends to member ``i + 2^(r-1)``). ``1 + ceil(log2
-  |S|)`` rounds. Every member needs every row of its group, so no row goes
-  where it is not wanted. Rows are copies: results equal today's exactly.
+  (members off the owner's node first, then by rank, so the owner's node
+  link carries one copy); from there a chain when ``|S| <= 3`` (each node
+  forwards once), else a binomial tree over ``S`` (round ``r >= 1``: member
+  ``i < 2^(r-1)`` sends to member ``i + 2^(r-1)``): ``1 + ceil(log2 |S|)``
+  rounds either way. Every member needs every row of its group, so no row
+  goes where it is not wanted. Rows are copies: results equal today's
+  exactly.
 - **Push**, when the last pull of one of its variables chose a tree (so a
   step without shared rows pays nothing more than one ``Allreduce`` in its
   pull): before the values move, one ids-only exchange to the owners
@@ -201,9 +204,11 @@ def pull_reply(topology, variables, hop, wanted, policy, gather) -> tuple:
     if total == 0:
         return hop.reply(rows), False
     held = []  # (k, members, ids, rows, is_root)
+    node_of = topology.node_of
     for k, (var, (g, found)) in enumerate(zip(variables, groups)):
         for members, ids in found:
-            held.append((k, members, ids, gather(var, ids), True))
+            order = sorted(members.tolist(), key=lambda m: (node_of[m] == node_of[me], m))
+            held.append((k, np.array(order, np.int64), ids, gather(var, ids), True))
     hot = [[] for _ in variables]
     cold = [None] * len(variables)
     for r in range(total):
@@ -243,12 +248,18 @@ def pull_reply(topology, variables, hop, wanted, policy, gather) -> tuple:
 
 
 def _children(members, me, r, root):
-    """Who I send a group to in round ``r`` (root: the owner; else a member)."""
+    """Who I send a group to in round ``r`` (root: the owner; else a member).
+
+    Up to 3 members a chain (every node forwards once, as many rounds as
+    the binomial tree), else a binomial tree.
+    """
     if root:
         return [int(members[0])] if r == 0 else []
     if r == 0:
         return []
-    i = int(np.searchsorted(members, me))
+    i = int(np.flatnonzero(members == me)[0])
+    if len(members) <= 3:
+        return [int(members[i + 1])] if r == i + 1 and i + 1 < len(members) else []
     step = 1 << (r - 1)
     return [int(members[i + step])] if i < step and i + step < len(members) else []
 

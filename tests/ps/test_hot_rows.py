@@ -156,13 +156,17 @@ def expected_bytes(topo, var, uniq, rb):
         out["relay"] += 2 * peers * (rounds - 1)
     for (owner, members), rows in groups.items():
         message = 8 * (3 + len(members)) + len(rows) * (8 + rb)
-        if owner == me and members[0] != me:
+        # off the owner's node first; a chain up to 3 members, else a binomial tree
+        tree = sorted(members, key=lambda m: (topo.node_of[m] == topo.node_of[owner], m))
+        if owner == me and tree[0] != me:
             out["pull"] += message
-        if me in members:
-            i = members.index(me)
+        if me in tree:
+            i = tree.index(me)
             for r in range(1, rounds):
                 step = 1 << (r - 1)
-                if i < step and i + step < len(members):
+                if len(tree) <= 3:
+                    out["relay"] += message * (r == i + 1 and i + 1 < len(tree))
+                elif i < step and i + step < len(tree):
                     out["relay"] += message
     # push: ids, codes back, chain rounds (cold rows in round 0; counts in push)
     if rounds == 0:  # the pull chose no tree: today's push
