@@ -60,8 +60,8 @@ def step_ids(kind, worker, step, args, cdf, topo=None):
     return ids
 
 
-def one_step(ps, name, kind, worker, step, args, cdf, topo=None):
-    ids = step_ids(kind, worker, step, args, cdf, topo)
+def one_step(ps, name, kind, worker, step, args, cdf, topo=None, ids=None):
+    ids = step_ids(kind, worker, step, args, cdf, topo) if ids is None else ids
     rng = np.random.default_rng([worker, step, 2])
     ps.pull_unique(name, ids)
     ps.push(name, SparseGrad(ids, rng.standard_normal((len(ids), args.dim), dtype=np.float32),
@@ -70,7 +70,7 @@ def one_step(ps, name, kind, worker, step, args, cdf, topo=None):
 
 def byte_pass(topo, args, cdf, kind, hot):
     """Owner egress/ingress and relay bytes of ``args.steps`` steps, summed over ranks."""
-    spec = SparseVariableSpec("emb", args.rows, args.dim)
+    spec = SparseVariableSpec("emb", args.rows, args.dim, partitioning=args.partitioning)
     ps = ParameterServer(topo, seed=1, hot_rows=args.min_nodes if hot else 0)
     topo.accounting.reset()
     if topo.is_server:
@@ -102,6 +102,8 @@ def main():
     parser.add_argument("--repeats", type=int, default=7, help="timed steps of each mode")
     parser.add_argument("--min-nodes", type=int, default=3,
                         help="hot_rows of the trees runs: nodes a row needs to be hot")
+    parser.add_argument("--partitioning", default="mod", choices=("mod", "range"),
+                        help="range puts the Zipf head on one owner (a hot partition)")
     parser.add_argument("--links", default="virtual nodes on one shared host (no shaped links)",
                         help="what the nodes and links are, for the report")
     parser.add_argument("--quick", action="store_true")
@@ -114,6 +116,7 @@ def main():
     cdf = _common.zipf_cdf(args.rows, 1.1)
     result = {"benchmark": "hot_rows", "ranks": topo.size, "servers": len(topo.server_ranks),
               "nodes": topo.num_nodes, "rows": args.rows, "dim": args.dim,
+              "partitioning": args.partitioning,
               "ids_per_worker": args.ids, "zipf_s": 1.1, "min_nodes": args.min_nodes,
               "min_bytes": hpcpax.options.hot_rows_min_bytes, "plan": "ps",
               "methods": {"today": "ps, local aggregation, hot_rows=0",
@@ -135,6 +138,8 @@ def main():
     s = result["seconds"]
     result["ratio_step_time_before_vs_after"] = _common.ratio(s["zipf_today"]["median"],
                                                               s["zipf_trees"]["median"])
+    result["ratio_step_time_hot_set"] = _common.ratio(s["zipf_hot_today"]["median"],
+                                                      s["zipf_hot_trees"]["median"])
     result["ratio_uniform"] = _common.ratio(s["uniform_today"]["median"],
                                             s["uniform_trees"]["median"])
     _common.emit(result, topo.rank)
@@ -143,7 +148,8 @@ def main():
 
 def timing(topo, args, cdf):
     """Median and spread of step seconds, modes interleaved; on every rank."""
-    specs = [SparseVariableSpec(name, args.rows, args.dim) for name in ("today", "trees")]
+    specs = [SparseVariableSpec(name, args.rows, args.dim, partitioning=args.partitioning)
+             for name in ("today", "trees")]
     ps = ParameterServer(topo, seed=1, hot_rows={"today": 0, "trees": args.min_nodes})
     times = None
     if topo.is_server:
@@ -151,16 +157,19 @@ def timing(topo, args, cdf):
     else:
         ps.register(specs)
         step = {}
+        kinds = ("zipf", "zipf_hot", "uniform")
+        ids = {(kind, n): step_ids(kind, topo.worker_index, n, args, cdf, topo)
+               for kind in kinds for n in range(1 + args.repeats)}  # drawn before timing
 
         def mode(kind, name):
             def call():
                 n = step.setdefault((kind, name), 0)
-                one_step(ps, name, kind, topo.worker_index, n, args, cdf)
+                one_step(ps, name, kind, topo.worker_index, n, args, cdf, ids=ids[kind, n])
                 step[(kind, name)] = n + 1
             return call
 
         methods = {f"{kind}_{name}": mode(kind, name)
-                   for kind in ("zipf", "uniform") for name in ("today", "trees")}
+                   for kind in kinds for name in ("today", "trees")}
         times = _common.interleaved(topo.workers, methods, args.repeats, warmup=1)
         ps.shutdown()
     times = topo.comm.bcast(times, root=topo.worker_ranks[0])

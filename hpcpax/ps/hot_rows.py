@@ -10,11 +10,10 @@ owner bytes, ``(|S| - 1) x rows x row bytes``, reach ``min_bytes`` (the
 price of the added rounds) takes a tree; the other rows move as before.
 
 - **Pull**: the owner sends the group once, to the first member of ``S``
-  (members off the owner's node first, then by rank, so the owner's node
-  link carries one copy); from there a chain when ``|S| <= 3`` (each node
-  forwards once), else a binomial tree over ``S`` (round ``r >= 1``: member
-  ``i < 2^(r-1)`` sends to member ``i + 2^(r-1)``): ``1 + ceil(log2 |S|)``
-  rounds either way. Every member needs every row of its group, so no row
+  (:func:`_tree_order`: the owner's node link carries one copy); from
+  there a chain when ``|S| <= 3`` (each node forwards once), else a
+  binomial tree over ``S`` (round ``r >= 1``: member ``i < 2^(r-1)`` sends
+  to member ``i + 2^(r-1)``): ``1 + ceil(log2 |S|)`` rounds either way. Every member needs every row of its group, so no row
   goes where it is not wanted. Rows are copies: results equal today's
   exactly.
 - **Push**, when the last pull of one of its variables chose a tree (so a
@@ -207,7 +206,7 @@ def pull_reply(topology, variables, hop, wanted, policy, gather) -> tuple:
     node_of = topology.node_of
     for k, (var, (g, found)) in enumerate(zip(variables, groups)):
         for members, ids in found:
-            order = sorted(members.tolist(), key=lambda m: (node_of[m] == node_of[me], m))
+            order = _tree_order(members, node_of, me)
             held.append((k, np.array(order, np.int64), ids, gather(var, ids), True))
     hot = [[] for _ in variables]
     cold = [None] * len(variables)
@@ -245,6 +244,16 @@ def pull_reply(topology, variables, hop, wanted, policy, gather) -> tuple:
             if r == 0:
                 cold[k] = got[2][0]
     return [_assemble(hop, k, hot[k], cold[k], var) for k, var in enumerate(variables)], True
+
+
+def _tree_order(members, node_of, owner):
+    """Members in tree order: a chain starts on the owner's node (one intra-node
+    copy, then one copy leaves it); a binomial tree starts off it (its first
+    member forwards ``log2 k`` copies over its own link, not the owner's)."""
+    local = (node_of[members] == node_of[owner]).tolist()
+    chain = len(members) <= 3
+    keys = [(is_local != chain, int(m)) for is_local, m in zip(local, members)]
+    return np.array([m for _, m in sorted(keys)], np.int64)
 
 
 def _children(members, me, r, root):

@@ -156,8 +156,10 @@ def expected_bytes(topo, var, uniq, rb):
         out["relay"] += 2 * peers * (rounds - 1)
     for (owner, members), rows in groups.items():
         message = 8 * (3 + len(members)) + len(rows) * (8 + rb)
-        # off the owner's node first; a chain up to 3 members, else a binomial tree
-        tree = sorted(members, key=lambda m: (topo.node_of[m] == topo.node_of[owner], m))
+        # a chain (up to 3 members) starts on the owner's node, a binomial tree off it
+        chain = len(members) <= 3
+        tree = sorted(members, key=lambda m: ((topo.node_of[m] == topo.node_of[owner]) != chain,
+                                              m))
         if owner == me and tree[0] != me:
             out["pull"] += message
         if me in tree:
