@@ -18,7 +18,8 @@ price of the added rounds) takes a tree; the other rows move as before.
   exactly.
 - **Push**, when the last pull of one of its variables chose a tree (so a
   step without shared rows pays nothing more than one ``Allreduce`` in its
-  pull): before the values move, one ids-only exchange to the owners
+  pull, and after such a pull only one pull in :data:`PROBE_EVERY` looks
+  again): before the values move, one ids-only exchange to the owners
   (the *count exchange*) and one int64 per id back: cold, or the row's
   position in its group's chain and the next hop. The chain runs through
   ``S`` in ascending rank: member 0 sends ``0 + g_0``, member ``j`` adds its
@@ -50,6 +51,8 @@ from ..options import options
 __all__ = ["HotRows", "classify", "pull_reply", "push_chain"]
 
 RELAY = "relay"
+#: After a pull without trees, the pulls of the same variables classify again every this many.
+PROBE_EVERY = 16
 
 
 class HotRows:
@@ -71,11 +74,40 @@ class HotRows:
                 raise ValueError(f"hot_rows must be an int >= 0, not {v!r}")
         self.setting = setting
         self._min_bytes = min_bytes
+        self._wait = {}  # names -> pulls left before the next classification
+        self._chose = {}  # name -> whether its last classified pull chose a tree
 
     @property
     def min_bytes(self) -> int:
         """Owner bytes a group must save to take a tree."""
         return options.hot_rows_min_bytes if self._min_bytes is None else int(self._min_bytes)
+
+    def classify_pull(self, names) -> bool:
+        """Whether this pull of ``names`` classifies its rows (a tree is possible).
+
+        After a pull that chose no tree, the next ``PROBE_EVERY - 1`` pulls of
+        the same variables skip the classification and its ``Allreduce``.
+        Local, but the same answer on every rank (it depends only on agreed
+        results and on the sequence of pulls).
+        """
+        key = tuple(names)
+        if not any(self.min_nodes(n) for n in names):
+            return False
+        wait = self._wait.get(key, 0)
+        if wait:
+            self._wait[key] = wait - 1
+            self._chose.update((n, False) for n in names)
+            return False
+        return True
+
+    def pulled(self, names, chose) -> None:
+        """Record a classified pull's agreed outcome."""
+        self._wait[tuple(names)] = 0 if chose else PROBE_EVERY - 1
+        self._chose.update((n, chose) for n in names)
+
+    def chain_push(self, names) -> bool:
+        """Whether a push of ``names`` takes the chain (the last pull chose a tree)."""
+        return any(self.min_nodes(n) and self._chose.get(n) for n in names)
 
     def min_nodes(self, name) -> int:
         """Sources a row needs to be hot for variable ``name`` (0: off)."""

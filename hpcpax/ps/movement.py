@@ -100,7 +100,6 @@ class DataMovement:
         self.topology = topology
         self.reduce = reduce
         self.hot = HotRows(hot_rows)
-        self._trees = {}  # name -> whether its last pull chose a tree (agreed by all ranks)
         #: ``on_owner_error(error)``: where an owner's table that cannot grow is
         #: reported (the protocol's ``defer``); None raises at once.
         self.on_owner_error = None
@@ -142,10 +141,11 @@ class DataMovement:
                 inverses.append(inverse.reshape(-1))
         owner = self._owner_hop("pull", variables, requests, [None] * len(variables))
         wanted = owner.send()
-        if self._hot(variables):
+        names = [v.spec.name for v in variables]
+        if self.hot.classify_pull(names):
             result, chose = pull_reply(self.topology, variables, owner, wanted, self.hot,
                                        self._gather)
-            self._trees.update((v.spec.name, chose) for v in variables)
+            self.hot.pulled(names, chose)
         else:
             rows = [self._gather(v, ids) for v, (ids,) in zip(variables, wanted)]
             result = owner.reply(rows)
@@ -174,17 +174,13 @@ class DataMovement:
             for k, (got_ids, got_values) in zip(la, node.send()):
                 with acct.timer("aggregate", variables[k].spec.name):
                     ids[k], values[k] = dedup_sum(got_ids, got_values)
-        if self._hot(variables) and any(self._trees.get(v.spec.name) for v in variables):
+        if self.hot.chain_push([v.spec.name for v in variables]):
             hop = self._owner_hop("push", variables, ids, [None] * len(variables))
             push_chain(self.topology, variables, hop, ids, values, self.hot, self._apply)
             return
         owner = self._owner_hop("push", variables, ids, values)
         for var, (got_ids, got_values) in zip(variables, owner.send()):
             self._apply(var, got_ids, got_values)
-
-    def _hot(self, variables) -> bool:
-        """Whether any of ``variables`` may use trees (the same answer on every rank)."""
-        return any(self.hot.min_nodes(v.spec.name) for v in variables)
 
     def _owner_failed(self, error) -> None:
         if self.on_owner_error is None:

@@ -211,3 +211,18 @@ def test_hot_rows_bytes_equal_the_formula(comm, every_row_hot):
         assert comm.allreduce(bool(ok), op=MPI.LAND)
     finally:
         topo.free()
+
+
+def test_a_pull_without_trees_skips_the_next_classifications():
+    from hpcpax.ps.hot_rows import PROBE_EVERY
+
+    hot = HotRows({"a": 2, "b": 0})
+    assert not hot.classify_pull(["b"])  # off: never classified
+    assert hot.classify_pull(["a"])
+    hot.pulled(["a"], True)
+    assert hot.chain_push(["a"]) and not hot.chain_push(["b"])
+    assert hot.classify_pull(["a"])
+    hot.pulled(["a"], False)
+    assert not hot.chain_push(["a"])
+    assert [hot.classify_pull(["a"]) for _ in range(PROBE_EVERY)] == [False] * (
+        PROBE_EVERY - 1) + [True]
