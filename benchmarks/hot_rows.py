@@ -148,23 +148,26 @@ def main():
 
 def timing(topo, args, cdf):
     """Median and spread of step seconds, modes interleaved; on every rank."""
+    kinds = ("zipf", "zipf_hot", "uniform")
+    names = [f"{kind}_{mode}" for kind in kinds for mode in ("today", "trees")]
     specs = [SparseVariableSpec(name, args.rows, args.dim, partitioning=args.partitioning)
-             for name in ("today", "trees")]
-    ps = ParameterServer(topo, seed=1, hot_rows={"today": 0, "trees": args.min_nodes})
+             for name in names]  # one table per mode: a pull without trees pauses its table's
+    ps = ParameterServer(topo, seed=1, hot_rows={name: args.min_nodes * name.endswith("trees")
+                                                 for name in names})  # classification
     times = None
     if topo.is_server:
         ps.serve()
     else:
         ps.register(specs)
         step = {}
-        kinds = ("zipf", "zipf_hot", "uniform")
         ids = {(kind, n): step_ids(kind, topo.worker_index, n, args, cdf, topo)
                for kind in kinds for n in range(1 + args.repeats)}  # drawn before timing
 
         def mode(kind, name):
             def call():
                 n = step.setdefault((kind, name), 0)
-                one_step(ps, name, kind, topo.worker_index, n, args, cdf, ids=ids[kind, n])
+                one_step(ps, f"{kind}_{name}", kind, topo.worker_index, n, args, cdf,
+                         ids=ids[kind, n])
                 step[(kind, name)] = n + 1
             return call
 
