@@ -13,9 +13,9 @@ price of the added rounds) takes a tree; the other rows move as before.
   (:func:`_tree_order`: the owner's node link carries one copy); from
   there a chain when ``|S| <= 3`` (each node forwards once), else a
   binomial tree over ``S`` (round ``r >= 1``: member ``i < 2^(r-1)`` sends
-  to member ``i + 2^(r-1)``): ``1 + ceil(log2 |S|)`` rounds either way. Every member needs every row of its group, so no row
-  goes where it is not wanted. Rows are copies: results equal today's
-  exactly.
+  to member ``i + 2^(r-1)``): ``1 + ceil(log2 |S|)`` rounds either way.
+  Every member needs every row of its group, so no row goes where it is
+  not wanted. Rows are copies: results equal today's exactly.
 - **Push**, when the last pull of one of its variables chose a tree (so a
   step without shared rows pays nothing more than one ``Allreduce`` in its
   pull, and after such a pull only one pull in :data:`PROBE_EVERY` looks
