@@ -219,9 +219,9 @@ def pull_reply(topology, variables, hop, wanted, policy, gather) -> tuple:
 
     **Collective** over ``topology.comm``. ``hop`` is the owner hop whose
     :meth:`send` returned ``wanted``; ``gather(var, ids)`` an owner's rows.
-    Returns each variable's rows in the
-    requester's input order (as ``hop.reply`` would) and whether any owner
-    chose a tree (the same on every rank).
+    Returns each variable's rows in the requester's input order (as
+    ``hop.reply`` would) and whether any owner chose a tree (the same on
+    every rank).
     """
     comm, acct, me = topology.comm, topology.accounting, topology.rank
     rows, groups, rounds = [], [], 0
