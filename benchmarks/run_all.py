@@ -48,6 +48,7 @@ FULL_JOBS = [
     ("kernels.py", 1, None, []),
     ("sparse_sync.py", 4, None, ["--ranks-per-node", "2", "--servers-per-node", "0"]),
     ("ps_batching.py", 4, 2, []),
+    ("hot_rows.py", 6, 2, []),
     # Drivers (ranks 0: run directly, not under mpirun): they bring up an emulated
     # multi-node cluster themselves and report "skipped" without root or ip netns.
     ("cluster_lm.py", 0, None, []),
@@ -253,6 +254,9 @@ TABLE_COLUMNS = {
     "kernels.py": None,
     "sparse_sync.py": None,
     "ps_batching.py": None,
+    "hot_rows.py": ["ratio_owner_egress_before_vs_after", "ratio_owner_egress_hot_set",
+                    "ratio_owner_ingress_hot_set", "uniform_trees_chosen",
+                    "ratio_step_time_before_vs_after", "ratio_uniform"],
     "cluster_lm.py": ["ratio_auto_vs_allgather", "ratio_auto_vs_torch_ddp",
                       "ratio_auto_vs_best_fixed", "ratio_step_vs_limit",
                       "offnode_bytes_auto", "offnode_bytes_predicted", "skipped"],

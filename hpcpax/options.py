@@ -157,6 +157,12 @@ OPTIONS = (
     Option("poll_seconds", _seconds, 0.001,
            "relaxed consistency: longest sleep of a waiting server or worker between two "
            "polls of its messages (the backoff cap: latency against idle CPU)"),
+    Option("hot_rows", _integer(0), 0,
+           "parameter server: rows that at least this many nodes pull or push in a step "
+           "travel once, down a broadcast tree / up a reduction chain (0: off)"),
+    Option("hot_rows_min_bytes", _integer(0), 16384,
+           "hot rows: a group of rows takes a tree only when the owner bytes it saves "
+           "reach this (the price of the extra rounds' latency)"),
 )
 _BY_NAME = {option.name: option for option in OPTIONS}
 

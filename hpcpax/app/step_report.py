@@ -17,7 +17,7 @@ __all__ = ["TIME_PHASES", "BYTE_PHASES", "reduce_step", "step_record", "summariz
 TIME_PHASES = ("data", "pull", "compute", "push", "dense", "optimizer")
 #: Accounting phases whose bytes the metrics lines report (summed over workers).
 BYTE_PHASES = ("pull", "push", "intra_node", "dense", "allgather", "dense_sparse", "control",
-               "repartition")
+               "repartition", "relay")
 _BYTE_FIELDS = ("sent_bytes", "recv_bytes", "sent_inter_bytes")
 
 

@@ -23,6 +23,7 @@ import numpy as np
 from ..backend import to_host
 from ..comm.exchange import alltoallv_many, exchange_counts_many
 from ..ops import dedup_sum, partition_pack
+from .hot_rows import HotRows, pull_reply, push_chain
 from .memory import MemoryBudgetError
 
 __all__ = ["Hop", "DataMovement"]
@@ -91,11 +92,14 @@ class DataMovement:
     Args:
         topology: from :func:`hpcpax.init`.
         reduce: ``mean`` or ``sum`` of the workers' gradients at the owner.
+        hot_rows: the :class:`~hpcpax.ps.hot_rows.HotRows` setting (the
+            same on every rank): rows many nodes touch travel once.
     """
 
-    def __init__(self, topology, reduce="mean"):
+    def __init__(self, topology, reduce="mean", hot_rows=None):
         self.topology = topology
         self.reduce = reduce
+        self.hot = HotRows(hot_rows)
         #: ``on_owner_error(error)``: where an owner's table that cannot grow is
         #: reported (the protocol's ``defer``); None raises at once.
         self.on_owner_error = None
@@ -137,8 +141,14 @@ class DataMovement:
                 inverses.append(inverse.reshape(-1))
         owner = self._owner_hop("pull", variables, requests, [None] * len(variables))
         wanted = owner.send()
-        rows = [self._gather(v, ids) for v, (ids,) in zip(variables, wanted)]
-        result = owner.reply(rows)
+        names = [v.spec.name for v in variables]
+        if self.hot.classify_pull(names):
+            result, chose = pull_reply(self.topology, variables, owner, wanted, self.hot,
+                                       self._gather)
+            self.hot.pulled(names, chose)
+        else:
+            rows = [self._gather(v, ids) for v, (ids,) in zip(variables, wanted)]
+            result = owner.reply(rows)
         if la:
             back = node.reply([result[k][inverse] for k, inverse in zip(la, inverses)])
             for k, rows_k in zip(la, back):
@@ -164,6 +174,10 @@ class DataMovement:
             for k, (got_ids, got_values) in zip(la, node.send()):
                 with acct.timer("aggregate", variables[k].spec.name):
                     ids[k], values[k] = dedup_sum(got_ids, got_values)
+        if self.hot.chain_push([v.spec.name for v in variables]):
+            hop = self._owner_hop("push", variables, ids, [None] * len(variables))
+            push_chain(self.topology, variables, hop, ids, values, self.hot, self._apply)
+            return
         owner = self._owner_hop("push", variables, ids, values)
         for var, (got_ids, got_values) in zip(variables, owner.send()):
             self._apply(var, got_ids, got_values)

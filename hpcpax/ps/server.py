@@ -53,12 +53,16 @@ class ParameterServer:
         nonfinite: ``raise`` (default) or ``skip`` a push holding NaN/Inf
             (every rank skips that step's update).
         seed: key of the layout-independent row initializer.
+        hot_rows: rows that many nodes touch travel once, by trees
+            (:mod:`hpcpax.ps.hot_rows`): None (``HPCPAX_HOT_ROWS``), the
+            minimum number of nodes (0: off) or ``{name: minimum}``. The
+            same on every rank, servers included.
 
     Construction is local; :meth:`register` is the first collective.
     """
 
     def __init__(self, topology, *, local_aggregation=True, reduce="mean", nonfinite="raise",
-                 seed=0):
+                 seed=0, hot_rows=None):
         if reduce not in ("mean", "sum"):
             raise ConfigError(f"reduce must be 'mean' or 'sum', not {reduce!r}")
         if nonfinite not in ("raise", "skip"):
@@ -73,7 +77,7 @@ class ParameterServer:
         self.variables = {}
         self._by_index = []
         self._wire = wire.Protocol(topology, self._by_index, nonfinite)
-        self._movement = DataMovement(topology, reduce)
+        self._movement = DataMovement(topology, reduce, hot_rows)
         self._movement.on_owner_error = self._wire.defer  # raised on every rank, next header
         #: Optional object with a ``guard(name)`` context manager (e.g.
         #: :class:`hpcpax.comm.watchdog.Watchdog`); :meth:`serve` runs each

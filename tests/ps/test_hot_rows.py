@@ -1,0 +1,228 @@
+"""Hot rows (trees for pulls, chains for pushes) against today's path.
+
+Two parameter servers with the same seed and layout run the same steps,
+one with hot rows off and one with every row two or more sources touch on
+a tree (``min_bytes`` 0). Pulled rows and tables (with optimizer state)
+must be bit-identical, in float64 and float32: pulls copy rows, and the
+push chain sums in the owner's order.
+"""
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import hpcpax
+from hpcpax import ParameterServer, SparseVariableSpec
+from hpcpax.ps.hot_rows import HotRows, classify
+from hpcpax.ps.sparse_grad import SparseGrad
+
+SPECS = [
+    SparseVariableSpec("a", rows=120, dim=3, dtype="float64", optimizer="adagrad",
+                       optimizer_params={"lr": 0.2}),
+    SparseVariableSpec("b", rows=40, dim=5, dtype="float32", optimizer="sgd",
+                       optimizer_params={"lr": 0.5}, num_partitions=3),
+    SparseVariableSpec("c", rows=300, dim=2, dtype="float32", optimizer="adam",
+                       optimizer_params={"lr": 0.05}),
+]
+STEPS = 3
+
+
+def step_ids(spec, worker, step):
+    rng = np.random.default_rng([worker, step, spec.rows])
+    return np.minimum(rng.zipf(1.1, 25) - 1, spec.rows - 1).astype(np.int64)
+
+
+def step_grad(spec, worker, step):
+    ids = step_ids(spec, worker, step)
+    rng = np.random.default_rng([worker, step, spec.dim])
+    return SparseGrad(ids, rng.standard_normal((len(ids), spec.dim)).astype(spec.dtype),
+                      spec.rows)
+
+
+def run(topo, la, hot_rows, batched=True):
+    """STEPS of pull + push of every variable; ``(pulled, tables, accounting)``."""
+    ps = ParameterServer(topo, local_aggregation=la, seed=3, hot_rows=hot_rows)
+    pulled = []
+    topo.accounting.reset()
+    if topo.is_server:
+        ps.serve()
+    else:
+        ps.register(SPECS)
+        for step in range(STEPS):
+            ids = {s.name: step_ids(s, topo.worker_index, step) for s in SPECS}
+            grads = {s.name: step_grad(s, topo.worker_index, step) for s in SPECS}
+            if batched:
+                pulled.append(ps.pull_unique_many(ids))
+                ps.push_many(grads)
+            else:
+                pulled.append({s.name: ps.pull_unique(s.name, ids[s.name]) for s in SPECS})
+                for s in SPECS:
+                    ps.push(s.name, grads[s.name])
+        ps.shutdown()
+    accounting = topo.accounting.as_dict()
+    tables = {s.name: ps.gather_table(s.name) for s in SPECS}
+    return pulled, tables, accounting
+
+
+@pytest.fixture
+def every_row_hot():
+    hpcpax.options.hot_rows_min_bytes = 0
+    yield
+    del hpcpax.options.hot_rows_min_bytes
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("la", [True, False])
+@pytest.mark.parametrize("servers,rpn", [(0, None), (0, 1), (1, 2), (0, 2)])
+def test_hot_rows_equal_todays_path(comm, every_row_hot, la, servers, rpn):
+    if servers and servers >= min(rpn or comm.Get_size(), comm.Get_size()):
+        pytest.skip("layout leaves a node with no worker")
+    topo = hpcpax.init(ranks_per_node=rpn, servers_per_node=servers)
+    try:
+        today = run(topo, la, 0)
+        trees = run(topo, la, 2, batched=comm.Get_size() != 3)
+        ok = True
+        for one, two in zip(today[0], trees[0]):
+            for name in one:
+                ok &= np.array_equal(one[name][0], two[name][0])
+                ok &= np.array_equal(one[name][1], two[name][1])
+        for spec in SPECS:
+            (t1, s1, c1), (t2, s2, c2) = today[1][spec.name], trees[1][spec.name]
+            ok &= np.array_equal(t1, t2)
+            ok &= all(np.array_equal(s1[k], s2[k]) for k in s1)
+        # with several sources per row somewhere, the trees must have been used
+        relayed = comm.allreduce(trees[2]["phases"].get("relay", {}).get("sent_bytes", 0))
+        nodes = {int(topo.node_of[w]) for w in topo.worker_ranks}
+        sources = len(nodes) if la else topo.num_workers
+        ok &= (relayed > 0) == (sources >= 2)
+        assert comm.allreduce(bool(ok), op=MPI.LAND)
+    finally:
+        topo.free()
+
+
+def test_classify_groups_rows_by_their_sources():
+    # sources 0, 1, 2 send: row 5 from all, row 7 from 0 and 2, row 9 from 1 only
+    ids = np.array([5, 7, 5, 9, 5, 7], np.int64)
+    counts = np.array([2, 2, 2])
+    group, groups, rounds = classify(ids, counts, 2, 0, 8, lambda k: k)
+    assert [m.tolist() for m, _ in groups] == [[0, 2], [0, 1, 2]]
+    assert [i.tolist() for _, i in groups] == [[7], [5]]
+    assert group.tolist() == [1, 0, 1, -1, 1, 0]
+    assert rounds == 3
+    # min_bytes: (members - 1) x rows x row bytes must reach it
+    group, groups, rounds = classify(ids, counts, 2, 16, 8, lambda k: k)
+    assert [m.tolist() for m, _ in groups] == [[0, 1, 2]] and rounds == 3
+    assert classify(ids, counts, 4, 0, 8, lambda k: k)[2] == 0
+
+
+def test_hot_rows_setting_is_checked():
+    assert HotRows({"a": 3}).min_nodes("a") == 3
+    assert HotRows(1).min_nodes("a") == 0
+    with pytest.raises(ValueError, match="hot_rows must be an int >= 0"):
+        HotRows({"a": -1})
+    with pytest.raises(TypeError, match="hot_rows must be None, int or dict, not str"):
+        HotRows("3")
+
+
+def expected_bytes(topo, var, uniq, rb):
+    """{phase: sent bytes of this rank} for one pull and one push (one node per worker)."""
+    me, size = topo.rank, topo.size
+    out = {"pull": 0, "push": 0, "relay": 0}
+    owner_of = {w: var.layout.dest_of(ids) for w, ids in uniq.items()}
+    sources = {}
+    for w, ids in uniq.items():
+        for x in ids.tolist():
+            sources.setdefault(x, []).append(w)
+    groups = {}  # (owner, members) -> rows
+    for x, members in sources.items():
+        if len(members) >= 2:
+            owner = int(var.layout.dest_of(np.array([x]))[0])
+            groups.setdefault((owner, tuple(sorted(members))), []).append(x)
+    hot = {x for rows in groups.values() for x in rows}
+    peers = 8 * (size - 1)
+    mine = uniq.get(me, np.zeros(0, np.int64))
+    to_others = int((owner_of[me] != me).sum()) if me in uniq else 0
+    asked_me = sum(int((owner_of[w] == me).sum()) for w in uniq if w != me)
+    cold_asked_me = sum(int(((owner_of[w] == me) & ~np.isin(uniq[w], list(hot))).sum())
+                        for w in uniq if w != me)
+    # pull: requests, then the owner's reply (today) or round 0 and the tree's relays
+    out["pull"] += peers + 8 * to_others
+    rounds = max([1 + int(np.ceil(np.log2(len(m)))) for _, m in groups] or [0])
+    if rounds == 0:
+        out["pull"] += rb * asked_me
+    else:
+        out["pull"] += 3 * peers + rb * cold_asked_me
+        out["relay"] += 2 * peers * (rounds - 1)
+    for (owner, members), rows in groups.items():
+        message = 8 * (3 + len(members)) + len(rows) * (8 + rb)
+        # a chain (up to 3 members) starts on the owner's node, a binomial tree off it
+        chain = len(members) <= 3
+        tree = sorted(members, key=lambda m: ((topo.node_of[m] == topo.node_of[owner]) != chain,
+                                              m))
+        if owner == me and tree[0] != me:
+            out["pull"] += message
+        if me in tree:
+            i = tree.index(me)
+            for r in range(1, rounds):
+                step = 1 << (r - 1)
+                if len(tree) <= 3:
+                    out["relay"] += message * (r == i + 1 and i + 1 < len(tree))
+                elif i < step and i + step < len(tree):
+                    out["relay"] += message
+    # push: ids, codes back, chain rounds (cold rows in round 0; counts in push)
+    if rounds == 0:  # the pull chose no tree: today's push
+        out["push"] += peers + (8 + rb) * to_others
+        return out
+    chain = max(len(m) for _, m in groups)
+    out["push"] += peers + 8 * to_others + 8 * asked_me + 3 * peers + 2 * peers * (chain - 1)
+    for x, owner in zip(mine.tolist(), owner_of.get(me, []).tolist()):
+        if x not in hot:
+            out["push"] += rb * (owner != me)
+            continue
+        members = sorted(sources[x])
+        i = members.index(me)
+        if i == len(members) - 1:
+            out["push"] += (8 + rb) * (owner != me)
+        else:
+            out["relay"] += 8 + rb
+    return out
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.timeout(60)
+def test_hot_rows_bytes_equal_the_formula(comm, every_row_hot):
+    """One node per worker: owner and relay bytes of one pull and one push, exactly."""
+    topo = hpcpax.init(ranks_per_node=1, servers_per_node=0)
+    try:
+        spec = SparseVariableSpec("h", rows=200, dim=4, dtype="float64")
+        ps = ParameterServer(topo, seed=1, hot_rows=2)
+        ps.register([spec])
+        uniq = {w: np.unique(step_ids(spec, i, 0)) for i, w in enumerate(topo.worker_ranks)}
+        topo.accounting.reset()
+        ps.pull_unique("h", uniq[topo.rank])
+        ps.push("h", SparseGrad(uniq[topo.rank], np.ones((len(uniq[topo.rank]), 4)), 200))
+        got = {p: topo.accounting.phase(p)["sent_bytes"] for p in ("pull", "push", "relay")}
+        want = expected_bytes(topo, ps.variables["h"], uniq, 32)
+        ps.shutdown()
+        ok = got == want
+        if not ok:
+            print(topo.rank, got, want)
+        assert comm.allreduce(bool(ok), op=MPI.LAND)
+    finally:
+        topo.free()
+
+
+def test_a_pull_without_trees_skips_the_next_classifications():
+    from hpcpax.ps.hot_rows import PROBE_EVERY
+
+    hot = HotRows({"a": 2, "b": 0})
+    assert not hot.classify_pull(["b"])  # off: never classified
+    assert hot.classify_pull(["a"])
+    hot.pulled(["a"], True)
+    assert hot.chain_push(["a"]) and not hot.chain_push(["b"])
+    assert hot.classify_pull(["a"])
+    hot.pulled(["a"], False)
+    assert not hot.chain_push(["a"])
+    assert [hot.classify_pull(["a"]) for _ in range(PROBE_EVERY)] == [False] * (
+        PROBE_EVERY - 1) + [True]
