@@ -13,6 +13,7 @@ from mpi4py import MPI
 
 from hpcpax.app.trainer import Trainer
 from hpcpax.errors import ConfigError
+from trainer_runs import close, first_worker, run_trainer, shared_dir
 
 TINY = {
     "model": "lm", "vocab_size": 300, "context": 3, "emb_dim": 8, "hidden": [16],
@@ -25,25 +26,8 @@ TINY = {
 SHARES = {1: "12", 2: "9,3", 3: "7,3,2", 4: "6,3,2,1"}
 
 
-def shared_dir(comm, tmp_path, name):
-    path = comm.bcast(str(tmp_path / name) if comm.Get_rank() == 0 else None, root=0)
-    comm.Barrier()
-    return path
-
-
 def run(comm, **overrides):
-    trainer = Trainer({**TINY, **overrides}, comm=comm, collect=True)
-    trainer.run()
-    return trainer
-
-
-def first_worker(comm, trainer, value):
-    return comm.bcast(value, root=trainer.topology.worker_ranks[0])
-
-
-def close(a, b, rtol=1e-10):
-    return all(np.allclose(a[part][k], b[part][k], rtol=rtol, atol=1e-12)
-               for part in ("dense", "sparse") for k in a[part])
+    return run_trainer(comm, {**TINY, **overrides})
 
 
 @pytest.mark.mpi(min_size=1)

@@ -14,6 +14,8 @@ from mpi4py import MPI
 from hpcpax.app.checkpoint import latest, read_meta
 from hpcpax.app.trainer import Trainer
 from hpcpax.plan import adaptive
+from trainer_runs import first_worker as leader_value, run_trainer, shared_dir
+from trainer_runs import close as close_to
 
 TINY = {
     "model": "lm", "vocab_size": 300, "context": 3, "emb_dim": 8, "hidden": [16],
@@ -23,25 +25,12 @@ TINY = {
 }
 
 
-def shared_dir(comm, tmp_path, name):
-    path = comm.bcast(str(tmp_path / name) if comm.Get_rank() == 0 else None, root=0)
-    comm.Barrier()
-    return path
-
-
 def run(comm, **overrides):
-    trainer = Trainer({**TINY, **overrides}, comm=comm, collect=True)
-    trainer.run()
-    return trainer
+    return run_trainer(comm, {**TINY, **overrides})
 
 
-def leader_value(comm, trainer, value):
-    return comm.bcast(value, root=trainer.topology.worker_ranks[0])
-
-
-def close(a, b, rtol=1e-9):
-    return all(np.allclose(a[part][k], b[part][k], rtol=rtol, atol=1e-12)
-               for part in ("dense", "sparse") for k in a[part])
+def close(a, b):
+    return close_to(a, b, rtol=1e-9)
 
 
 def records(run_dir, key):

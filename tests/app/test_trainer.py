@@ -14,6 +14,7 @@ from mpi4py import MPI
 from hpcpax.app import checkpoint as ckpt
 from hpcpax.errors import CheckpointError
 from hpcpax.app.trainer import Trainer
+from trainer_runs import run_trainer, shared_dir
 
 TINY = {
     "model": "lm", "vocab_size": 300, "context": 3, "emb_dim": 8, "hidden": [16],
@@ -22,17 +23,8 @@ TINY = {
 }
 
 
-def shared_dir(comm, tmp_path, name):
-    """A directory every rank sees: rank 0's tmp_path / name."""
-    path = comm.bcast(str(tmp_path / name) if comm.Get_rank() == 0 else None, root=0)
-    comm.Barrier()
-    return path
-
-
 def run(comm, **overrides):
-    trainer = Trainer({**TINY, **overrides}, comm=comm, collect=True)
-    trainer.run()
-    return trainer
+    return run_trainer(comm, {**TINY, **overrides})
 
 
 def final_parameters(comm, trainer):
