@@ -74,6 +74,7 @@ class HotRows:
                 raise ValueError(f"hot_rows must be an int >= 0, not {v!r}")
         self.setting = setting
         self._min_bytes = min_bytes
+        self._thresholds, self._default = {}, None  # set by a plan: per variable, per k
         self._wait = {}  # names -> pulls left before the next classification
         self._chose = {}  # name -> whether its last classified pull chose a tree
 
@@ -81,6 +82,26 @@ class HotRows:
     def min_bytes(self) -> int:
         """Owner bytes a group must save to take a tree."""
         return options.hot_rows_min_bytes if self._min_bytes is None else int(self._min_bytes)
+
+    def set(self, name, min_nodes, min_saved_bytes=None) -> None:
+        """Set variable ``name``'s choice (a plan's); local, the same on every rank.
+
+        ``min_nodes``: 0 turns trees off; ``min_saved_bytes``: None
+        (:attr:`min_bytes` for every group) or a list indexed by a group's
+        member count (None: that group never takes a tree).
+        """
+        if isinstance(min_nodes, bool) or not isinstance(min_nodes, int) or min_nodes < 0:
+            raise ValueError(f"min_nodes must be an int >= 0, not {min_nodes!r}")
+        if not isinstance(self.setting, dict):
+            self.setting, self._default = {}, self.setting
+        self.setting = {**self.setting, name: int(min_nodes)}
+        self._thresholds[name] = None if min_saved_bytes is None else list(min_saved_bytes)
+        self._wait = {k: v for k, v in self._wait.items() if name not in k}
+
+    def thresholds(self, name):
+        """Saved owner bytes a group must reach: an int, or a list indexed by members."""
+        table = self._thresholds.get(name)
+        return self.min_bytes if table is None else table
 
     def classify_pull(self, names) -> bool:
         """Whether this pull of ``names`` classifies its rows (a tree is possible).
@@ -111,7 +132,8 @@ class HotRows:
 
     def min_nodes(self, name) -> int:
         """Sources a row needs to be hot for variable ``name`` (0: off)."""
-        value = self.setting.get(name) if isinstance(self.setting, dict) else self.setting
+        value = (self.setting.get(name, self._default) if isinstance(self.setting, dict)
+                 else self.setting)
         value = options.hot_rows if value is None else value
         return 0 if value < 2 else int(value)
 
@@ -124,7 +146,9 @@ def classify(ids, counts, min_nodes, min_bytes, row_bytes, rounds_of):
     Args:
         ids: int64 ids as received, concatenated by source rank.
         counts: rows received from each source rank.
-        min_nodes, min_bytes, row_bytes: the choice (see the module).
+        min_nodes, min_bytes, row_bytes: the choice (see the module);
+            ``min_bytes`` an int, or a list indexed by a group's member
+            count (``None`` or past its end: that group never takes a tree).
         rounds_of: rounds a tree over ``k`` members takes.
 
     Returns:
@@ -159,7 +183,10 @@ def classify(ids, counts, min_nodes, min_bytes, row_bytes, rounds_of):
         members = np.array([63 * w + b for w in range(words) for b in range(63)
                             if (int(key[w]) >> b) & 1], np.int64)
         rows = candidates[key_of == g]
-        if (len(members) - 1) * len(rows) * row_bytes < min_bytes:
+        need = min_bytes
+        if isinstance(min_bytes, (list, tuple)):
+            need = min_bytes[len(members)] if len(members) < len(min_bytes) else None
+        if need is None or (len(members) - 1) * len(rows) * row_bytes < need:
             continue
         group_of_unique[rows] = len(groups)
         groups.append((members, unique[rows]))
@@ -228,7 +255,8 @@ def pull_reply(topology, variables, hop, wanted, policy, gather) -> tuple:
     for k, (var, (ids,)) in enumerate(zip(variables, wanted)):
         rows.append(gather(var, ids))
         g, found, r = classify(ids, hop.recv_counts[:, k], policy.min_nodes(var.spec.name),
-                               policy.min_bytes, var.spec.row_bytes, _binomial_rounds)
+                               policy.thresholds(var.spec.name), var.spec.row_bytes,
+                               _binomial_rounds)
         groups.append((g, found))
         rounds = max(rounds, r)
     total = _agree_rounds(comm, rounds)
@@ -349,7 +377,8 @@ def push_chain(topology, variables, hop, ids, values, policy, apply) -> None:
     codes, cold_masks, rounds = [], [], 0
     for k, (var, (got,)) in enumerate(zip(variables, wanted)):
         g, found, r = classify(got, hop.recv_counts[:, k], policy.min_nodes(var.spec.name),
-                               policy.min_bytes, var.spec.row_bytes, _chain_rounds)
+                               policy.thresholds(var.spec.name), var.spec.row_bytes,
+                               _chain_rounds)
         src = np.repeat(np.arange(size, dtype=np.int64), hop.recv_counts[:, k])
         code = np.full(len(got), -1, np.int64)
         for index, (members, _) in enumerate(found):

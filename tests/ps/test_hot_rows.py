@@ -114,6 +114,23 @@ def test_classify_groups_rows_by_their_sources():
     group, groups, rounds = classify(ids, counts, 2, 16, 8, lambda k: k)
     assert [m.tolist() for m, _ in groups] == [[0, 1, 2]] and rounds == 3
     assert classify(ids, counts, 4, 0, 8, lambda k: k)[2] == 0
+    # a plan's per-k thresholds: groups of 2 never, of 3 from 16 saved bytes
+    group, groups, _ = classify(ids, counts, 2, [None, None, None, 16], 8, lambda k: k)
+    assert [m.tolist() for m, _ in groups] == [[0, 1, 2]]
+    assert group.tolist() == [0, -1, 0, -1, 0, -1]
+    assert classify(ids, counts, 2, [None, None, None, 17], 8, lambda k: k)[2] == 0
+    assert classify(ids, counts, 2, [None, None, 0], 8, lambda k: k)[1][0][0].tolist() == [0, 2]
+
+
+def test_a_plan_sets_one_variable():
+    hot = HotRows(4)
+    hot.set("a", 7, [None] * 7 + [100])
+    assert (hot.min_nodes("a"), hot.thresholds("a")) == (7, [None] * 7 + [100])
+    assert (hot.min_nodes("b"), hot.thresholds("b")) == (4, hot.min_bytes)  # the rest as before
+    hot.set("b", 0)
+    assert hot.min_nodes("b") == 0 and not hot.classify_pull(["b"])
+    with pytest.raises(ValueError, match="min_nodes must be an int >= 0, not -1"):
+        hot.set("a", -1)
 
 
 def test_hot_rows_setting_is_checked():

@@ -1,0 +1,83 @@
+"""The hot-rows cost model (hpcpax.plan.hot_rows_cost) on hand-computed cases."""
+
+import math
+
+import pytest
+
+from hpcpax.comm.fabric import Fabric, LinkModel
+from hpcpax.plan.hot_rows_cost import decide, min_saved_bytes, tree_gain
+
+# no latency: only bytes count (intra 1 GB/s, inter 100 MB/s)
+FREE = Fabric(intra=LinkModel(0.0, 1e9), inter=LinkModel(0.0, 1e8), allreduce_bucket_bytes=1 << 20)
+# 100 us per inter-node message
+SLOW = Fabric(intra=LinkModel(0.0, 1e9), inter=LinkModel(1e-4, 1e8), allreduce_bucket_bytes=1 << 20)
+
+
+def test_gain_of_eight_nodes_without_latency():
+    # G = 1000 x 256 B = 256,000 B = 2.56 ms over an inter-node link.
+    # today: pull 7 copies + push 7 copies = 14 x 2.56 ms = 35.84 ms
+    # trees: pull 1 + ceil(log2 8) = 4 hops = 10.24 ms; push chain 8 hops = 20.48 ms
+    #        + the ids of 8 members (8 x 1000 x 8 B = 64,000 B = 0.64 ms) = 31.36 ms
+    got = tree_gain(8, 1000, 256, FREE, ranks=8)
+    assert got["today_s"] == pytest.approx(0.03584)
+    assert got["trees_s"] == pytest.approx(0.03136)
+    assert got["saved_s"] == pytest.approx(0.00448)
+    assert got["pull_saved_s"] == pytest.approx(7 * 2.56e-3 - 4 * 2.56e-3)
+    assert got["push_saved_s"] == pytest.approx(7 * 2.56e-3 - 8 * 2.56e-3 - 0.64e-3)
+
+
+def test_threshold_of_eight_nodes_with_latency():
+    # fixed: today 2 a; trees: pull a + 2 x 3 a (rounds 2-4) + 2 ceil(log2 8) a (Allreduce)
+    # = 13 a, push 2 x 8 a + 2 a = 18 a: 31 a - 2 a = 29 a = 2.9 ms more
+    # per row: (7 - 4 + 7 - 8) x 256 B x 1e-8 s/B - 8 x 8 B x 1e-8 s/B = 4.48 us
+    # rows to pay: floor(2.9 ms / 4.48 us) + 1 = 648; saved bytes 7 x 648 x 256
+    fixed, per_row = 29 * 1e-4, 2 * 256 * 1e-8 - 64 * 1e-8
+    rows = math.floor(fixed / per_row) + 1
+    assert rows == 648
+    assert min_saved_bytes(8, 256, SLOW, ranks=8) == 7 * 648 * 256
+    assert tree_gain(8, 648, 256, SLOW, ranks=8)["saved_s"] > 0
+    assert tree_gain(8, 647, 256, SLOW, ranks=8)["saved_s"] < 0
+
+
+@pytest.mark.parametrize("k", [2, 3, 4, 5, 6])
+def test_few_nodes_never_pay_when_the_owner_is_a_member(k):
+    # the chain/tree's inter-node hops (k - 1 or 1 + ceil(log2 k), plus k for the push)
+    # are at least the 2 (k - 1) copies the owner saves
+    assert min_saved_bytes(k, 256, FREE, ranks=2 * k) is None
+    assert tree_gain(k, 10_000, 256, FREE, ranks=2 * k)["saved_s"] < 0
+
+
+def test_dedicated_owner_pays_from_four_nodes():
+    # owner off the group: today k copies each way; tree 1 + ceil(log2 4) = 3 hops, chain 4
+    assert min_saved_bytes(3, 256, FREE, ranks=8, owner_in_group=False) is None
+    got = tree_gain(4, 1000, 256, FREE, ranks=8, owner_in_group=False)
+    assert got["pull_saved_s"] == pytest.approx((4 - 3) * 2.56e-3)
+    assert got["push_saved_s"] == pytest.approx(-4 * 8000 * 1e-8)
+    assert min_saved_bytes(4, 256, FREE, ranks=8, owner_in_group=False) == 3 * 1 * 256
+
+
+def test_decide():
+    off = decide(4, 256, FREE, ranks=8)
+    assert off["min_nodes"] == 0 and off["min_saved_bytes"] == []
+    assert "hot rows off" in off["reason"]
+    on = decide(8, 256, SLOW, ranks=16)
+    assert on["min_nodes"] == 7
+    assert on["min_saved_bytes"][:7] == [None] * 7
+    assert on["min_saved_bytes"][7] == min_saved_bytes(7, 256, SLOW, ranks=16)
+    assert on["min_saved_bytes"][8] == min_saved_bytes(8, 256, SLOW, ranks=16)
+    assert decide(8, 256, SLOW.to_dict(), ranks=16) == on  # the plan's dict works too
+    assert decide(8, 256, SLOW, ranks=16, setting="off")["min_nodes"] == 0
+    assert decide(8, 256, SLOW, ranks=16, setting=3) == {
+        "min_nodes": 3, "min_saved_bytes": [],
+        "reason": "hot rows: fixed rule, groups of >= 3 nodes"}
+    assert decide(1, 256, SLOW, ranks=2)["min_nodes"] == 0
+    assert decide(8, 256, None, ranks=16)["min_nodes"] == 0
+
+
+def test_bad_input():
+    with pytest.raises(ValueError, match="k must be >= 2, not 1"):
+        tree_gain(1, 10, 256, FREE, ranks=4)
+    with pytest.raises(TypeError, match="rows must be int, not float"):
+        tree_gain(3, 1.5, 256, FREE, ranks=4)
+    with pytest.raises(ValueError, match="hot_rows must be 'auto', 'off' or an int"):
+        decide(4, 256, FREE, ranks=8, setting="sometimes")
