@@ -17,6 +17,7 @@ import tomllib
 from dataclasses import dataclass
 
 from ..errors import ConfigError
+from ..plan.plan import check_hot_rows
 from ..sync import METHODS
 
 __all__ = ["FLAGS", "MODEL_FLAGS", "TRAINING_KEYS", "PLAN_MODES", "parse_args", "resolve",
@@ -87,6 +88,9 @@ FLAGS = (
     Flag("plan", "plan", "auto", "auto (measure, then the cost model decides), hybrid "
          "(measure, then Parallax's rule), ps, allgather, allreduce (every sparse variable "
          "so), or a JSON plan file (a saved plan.json or {name: {method, partitions}})"),
+    Flag("hot_rows", "str", "auto", "auto (the plan's cost model decides per ps variable "
+         "whether rows many nodes touch travel by trees; HPCPAX_HOT_ROWS=m: a fixed rule) or off",
+         ("auto", "off")),
     Flag("plan_steps", "int", 5, "auto/hybrid: steps measured before the plan is made",
          minimum=1),
     Flag("fabric_seconds", "float", 0.5, "auto/hybrid: time budget of the start-up fabric "
@@ -252,7 +256,7 @@ def normalize_plan(plan: dict, where: str = "plan") -> dict:
             raise ConfigError(f"{where}[{name!r}] must be a table, not {type(entry).__name__}")
         unknown = set(entry) - {"method", "partitions", "owners", "kind", "name", "shape",
                                 "dtype", "local_aggregation", "wire_dtype", "predicted_s",
-                                "facts", "reason"}
+                                "facts", "reason", "hot_rows"}
         if unknown:
             raise ConfigError(f"{where}[{name!r}]: unknown key {sorted(unknown)[0]!r}")
         method = entry.get("method", "ps")
@@ -279,6 +283,9 @@ def normalize_plan(plan: dict, where: str = "plan") -> dict:
                               f"not {local!r}")
         out[str(name)] = {"method": method, "partitions": partitions if method == "ps" else None,
                           "owners": owners, "local_aggregation": local if method == "ps" else None}
+        if entry.get("hot_rows") is not None and method == "ps":
+            out[str(name)]["hot_rows"] = check_hot_rows(entry["hot_rows"],
+                                                        f"{where}[{name!r}].hot_rows")
     return out
 
 

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import math
 
-__all__ = ["tree_gain", "min_saved_bytes", "decide"]
+__all__ = ["tree_gain", "min_saved_bytes", "decide", "plan_entry"]
 
 
 def _links(fabric):
@@ -154,3 +154,18 @@ def decide(num_nodes: int, row_bytes: int, fabric, ranks: int, setting="auto") -
     m = paying[0]
     return {"min_nodes": m, "min_saved_bytes": table,
             "reason": f"hot rows: groups of >= {m} nodes saving >= {table[m]} owner bytes"}
+
+
+def plan_entry(spec, method: str, shape, fabric, setting="auto"):
+    """:func:`decide` for one variable of a plan (``None`` unless it is on ``ps``).
+
+    Not collective. ``spec`` a :class:`~hpcpax.plan.cost_model.VarSpec`,
+    ``shape`` a :class:`~hpcpax.plan.cost_model.ClusterShape`; ``setting``
+    one value (see :func:`decide`) or ``{name: value}`` (others ``"auto"``).
+    """
+    if method != "ps" or spec.kind != "sparse":
+        return None
+    if isinstance(setting, dict):
+        setting = setting.get(spec.name, "auto")
+    ranks = shape.num_nodes * (shape.workers_per_node + shape.servers_per_node)
+    return decide(shape.num_nodes, spec.dim * spec.itemsize, fabric, ranks, setting)

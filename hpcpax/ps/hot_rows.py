@@ -75,6 +75,7 @@ class HotRows:
         self.setting = setting
         self._min_bytes = min_bytes
         self._thresholds, self._default = {}, None  # set by a plan: per variable, per k
+        self.entries = {}  # name -> the plan's entry given to set()
         self._wait = {}  # names -> pulls left before the next classification
         self._chose = {}  # name -> whether its last classified pull chose a tree
 
@@ -83,19 +84,21 @@ class HotRows:
         """Owner bytes a group must save to take a tree."""
         return options.hot_rows_min_bytes if self._min_bytes is None else int(self._min_bytes)
 
-    def set(self, name, min_nodes, min_saved_bytes=None) -> None:
-        """Set variable ``name``'s choice (a plan's); local, the same on every rank.
+    def set(self, name, entry) -> None:
+        """Set variable ``name``'s choice, a plan's entry; local, the same on every rank.
 
-        ``min_nodes``: 0 turns trees off; ``min_saved_bytes``: None
-        (:attr:`min_bytes` for every group) or a list indexed by a group's
-        member count (None: that group never takes a tree).
+        ``entry``: ``{"min_nodes": m (0: off), "min_saved_bytes": [] (the
+        :attr:`min_bytes` rule) or a list indexed by a group's member count
+        (None: never a tree), "reason": str}``.
         """
-        if isinstance(min_nodes, bool) or not isinstance(min_nodes, int) or min_nodes < 0:
-            raise ValueError(f"min_nodes must be an int >= 0, not {min_nodes!r}")
+        m = entry["min_nodes"]
+        if isinstance(m, bool) or not isinstance(m, int) or m < 0:
+            raise ValueError(f"min_nodes must be an int >= 0, not {m!r}")
         if not isinstance(self.setting, dict):
             self.setting, self._default = {}, self.setting
-        self.setting = {**self.setting, name: int(min_nodes)}
-        self._thresholds[name] = None if min_saved_bytes is None else list(min_saved_bytes)
+        self.setting = {**self.setting, name: int(m)}
+        self._thresholds[name] = list(entry.get("min_saved_bytes") or []) or None
+        self.entries[name] = dict(entry)
         self._wait = {k: v for k, v in self._wait.items() if name not in k}
 
     def thresholds(self, name):

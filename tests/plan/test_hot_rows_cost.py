@@ -81,3 +81,28 @@ def test_bad_input():
         tree_gain(3, 1.5, 256, FREE, ranks=4)
     with pytest.raises(ValueError, match="hot_rows must be 'auto', 'off' or an int"):
         decide(4, 256, FREE, ranks=8, setting="sometimes")
+
+
+def test_the_plan_records_and_shows_the_decision():
+    from hpcpax.errors import ConfigError
+    from hpcpax.plan import Plan, make_plan
+
+    variables = [{"name": "emb", "kind": "sparse", "shape": [100_000, 64], "dtype": "float32",
+                  "alpha": 0.01},
+                 {"name": "w", "kind": "dense", "shape": [64, 64], "dtype": "float32"}]
+    shape8 = {"num_nodes": 8, "workers_per_node": 1, "servers_per_node": 1}
+    plan = make_plan(variables, "hybrid", shape8, SLOW)
+    assert plan.variables["emb"].hot_rows == decide(8, 256, SLOW, ranks=16)
+    assert plan.variables["emb"].hot_rows["min_nodes"] == 7
+    assert plan.variables["w"].hot_rows is None
+    assert ">=7 nodes" in plan.table().splitlines()[2]
+    assert Plan.from_json(plan.to_json()) == plan
+    off = make_plan(variables, "hybrid", shape8, SLOW, hot_rows={"emb": "off"})
+    assert off.variables["emb"].hot_rows["min_nodes"] == 0
+    assert " off " in off.table().splitlines()[2]
+    assert off.fingerprint() != plan.fingerprint()  # a decision, not a prediction
+    four = make_plan(variables, "hybrid", {**shape8, "num_nodes": 4}, SLOW)
+    assert four.variables["emb"].hot_rows["min_nodes"] == 0
+    with pytest.raises(ConfigError, match="hot_rows.min_nodes must be an int >= 0"):
+        Plan.from_dict({**plan.to_dict(), "variables": [
+            {**plan.variables["emb"].to_dict(), "hot_rows": {"min_nodes": -2}}]})

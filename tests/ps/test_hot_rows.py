@@ -124,13 +124,15 @@ def test_classify_groups_rows_by_their_sources():
 
 def test_a_plan_sets_one_variable():
     hot = HotRows(4)
-    hot.set("a", 7, [None] * 7 + [100])
+    hot.set("a", {"min_nodes": 7, "min_saved_bytes": [None] * 7 + [100], "reason": "r"})
     assert (hot.min_nodes("a"), hot.thresholds("a")) == (7, [None] * 7 + [100])
+    assert hot.entries["a"]["reason"] == "r"
     assert (hot.min_nodes("b"), hot.thresholds("b")) == (4, hot.min_bytes)  # the rest as before
-    hot.set("b", 0)
+    hot.set("b", {"min_nodes": 0, "min_saved_bytes": []})
     assert hot.min_nodes("b") == 0 and not hot.classify_pull(["b"])
+    assert hot.thresholds("b") == hot.min_bytes
     with pytest.raises(ValueError, match="min_nodes must be an int >= 0, not -1"):
-        hot.set("a", -1)
+        hot.set("a", {"min_nodes": -1})
 
 
 def test_hot_rows_setting_is_checked():
