@@ -108,6 +108,8 @@ def main():
     parser.add_argument("--partitions", type=int, default=None,
                         help="partitions of the table (default: one per server); 1 puts every "
                              "row on one owner, whose link is then the bottleneck")
+    parser.add_argument("--chunks", type=int, default=1,
+                        help="HPCPAX_HOT_ROWS_CHUNKS of the trees runs (pipelined chains)")
     parser.add_argument("--links", default="virtual nodes on one shared host (no shaped links)",
                         help="what the nodes and links are, for the report")
     parser.add_argument("--quick", action="store_true")
@@ -116,6 +118,7 @@ def main():
         args.rows, args.dim, args.ids, args.steps, args.repeats = 5000, 16, 512, 2, 3
         args.min_nodes = 2
         hpcpax.options.hot_rows_min_bytes = 0
+    hpcpax.options.hot_rows_chunks = args.chunks  # only the trees runs have hot rows on
     topo = hpcpax.init()
     cdf = _common.zipf_cdf(args.rows, 1.1)
     result = {"benchmark": "hot_rows", "ranks": topo.size, "servers": len(topo.server_ranks),
@@ -124,7 +127,9 @@ def main():
               "ids_per_worker": args.ids, "zipf_s": 1.1, "min_nodes": args.min_nodes,
               "min_bytes": hpcpax.options.hot_rows_min_bytes, "plan": "ps",
               "methods": {"today": "ps, local aggregation, hot_rows=0",
-                          "trees": f"ps, local aggregation, hot_rows={args.min_nodes}"},
+                          "trees": f"ps, local aggregation, hot_rows={args.min_nodes}, "
+                                   f"chunks={args.chunks}"},
+              "chunks": args.chunks,
               "links": args.links}
     bytes_ = {f"{kind}_{mode}": byte_pass(topo, args, cdf, kind, mode == "trees")
               for kind in ("zipf", "zipf_hot", "uniform") for mode in ("today", "trees")}
