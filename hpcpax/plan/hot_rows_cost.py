@@ -19,13 +19,17 @@ forward; this module prices that against today's path, one group alone:
   the last to the owner), ``k`` more rounds, and an ids-only count exchange
   (8 bytes per row from each member through the owner's link, one round).
 
-Both are linear in ``G``: ``saved(G) = slope x G - fixed``. A group pays
+With ``HPCPAX_HOT_ROWS_CHUNKS=c > 1`` every group takes a chain and its
+rows go in ``c`` chunks one round apart (pipelining): ``k + c - 1`` rounds
+of ``G / c`` each way instead of ``k`` (or ``1 + ceil(log2 k)``) of ``G``.
+
+Both are linear in ``G`` (for ``rows >= c``): ``saved(G) = slope x G - fixed``. A group pays
 when ``saved > 0``, i.e. its saved owner bytes ``(k - 1) x G`` reach
 :func:`min_saved_bytes`; never when ``slope <= 0``. Store and forward costs
 a whole ``G / B`` per hop, so with the owner's node a member a tree saves
 owner time only from ``k = 7`` nodes (``(k - 1) + (k - 1)`` copies against
 ``1 + ceil(log2 k) + k`` hops); with a dedicated server node (owner not a
-member) from ``k = 4``. :func:`decide` turns that into the plan's
+member) from ``k = 4``; pipelined in 4 chunks from ``k = 3``. :func:`decide` turns that into the plan's
 per-variable setting: the smallest ``k`` that can pay (``min_nodes``, 0:
 off) and the per-``k`` byte thresholds the owners apply to each group.
 """
@@ -33,6 +37,8 @@ off) and the per-``k`` byte thresholds the owners apply to each group.
 from __future__ import annotations
 
 import math
+
+from ..options import options
 
 __all__ = ["tree_gain", "min_saved_bytes", "decide", "plan_entry"]
 
@@ -57,7 +63,7 @@ def _check(k, rows, row_bytes, ranks):
 
 
 def tree_gain(k: int, rows: int, row_bytes: int, fabric, ranks: int,
-              owner_in_group: bool = True) -> dict:
+              owner_in_group: bool = True, chunks: int = 1) -> dict:
     """Seconds one group of hot rows takes today and by trees (pull + push).
 
     Not collective.
@@ -68,6 +74,8 @@ def tree_gain(k: int, rows: int, row_bytes: int, fabric, ranks: int,
         fabric: :class:`~hpcpax.comm.fabric.Fabric` or its ``to_dict()``.
         ranks: ranks of the job (prices the agreement ``Allreduce``).
         owner_in_group: whether the owner's node is one of the ``k``.
+        chunks: ``HPCPAX_HOT_ROWS_CHUNKS`` (> 1: pipelined chains, ``k +
+            chunks - 1`` rounds of ``G / chunks`` each way).
 
     Returns:
         ``{"today_s", "trees_s", "saved_s", "pull_saved_s", "push_saved_s"}``
@@ -80,15 +88,16 @@ def tree_gain(k: int, rows: int, row_bytes: int, fabric, ranks: int,
     pull_today = a_out + copies * g * b_out
     push_today = a_out + copies * g * b_out
     agree = 2 * math.ceil(math.log2(ranks)) * a_out
-    if k <= 3 and owner_in_group:  # chain from the owner's node
+    c = int(chunks)
+    if c > 1 or k <= 3:  # a chain (from the owner's node when it is a member), c chunks
+        rounds = k + c - 1
+        pull_tree = (a_in + g / c * b_in + (k - 2 + c) * g / c * b_out if owner_in_group
+                     else rounds * g / c * b_out)
+    else:  # a binomial tree from a member off the owner's node
         rounds = 1 + math.ceil(math.log2(k))
-        pull_tree = a_in + g * b_in + (k - 1) * g * b_out
-    else:  # binomial tree from a member off the owner's node (or chain of k from its first)
-        rounds = 1 + math.ceil(math.log2(k))
-        hops = k if k <= 3 else 1 + math.ceil(math.log2(k))
-        pull_tree = hops * g * b_out
+        pull_tree = rounds * g * b_out
     pull_tree += a_out + 2 * (rounds - 1) * a_out + agree
-    push_tree = (k * g * b_out + 2 * k * a_out  # the chain's k rounds
+    push_tree = ((k + c - 1) * (g / c * b_out + 2 * a_out)  # the chain's rounds
                  + 2 * a_out + k * rows * 8 * b_out)  # the ids-only count exchange
     today, trees = pull_today + push_today, pull_tree + push_tree
     return {"today_s": today, "trees_s": trees, "saved_s": today - trees,
@@ -96,7 +105,7 @@ def tree_gain(k: int, rows: int, row_bytes: int, fabric, ranks: int,
 
 
 def min_saved_bytes(k: int, row_bytes: int, fabric, ranks: int,
-                    owner_in_group: bool = True):
+                    owner_in_group: bool = True, chunks: int = 1):
     """Smallest saved owner bytes ``(k - 1) x rows x row_bytes`` at which a tree pays.
 
     Not collective. Returns an int, or ``None`` when no group of ``k``
@@ -104,8 +113,8 @@ def min_saved_bytes(k: int, row_bytes: int, fabric, ranks: int,
     saves).
     """
     _check(k, 0, row_bytes, ranks)
-    zero = tree_gain(k, 0, row_bytes, fabric, ranks, owner_in_group)["saved_s"]
-    one = tree_gain(k, 1, row_bytes, fabric, ranks, owner_in_group)["saved_s"]
+    zero = tree_gain(k, 0, row_bytes, fabric, ranks, owner_in_group, chunks)["saved_s"]
+    one = tree_gain(k, 1, row_bytes, fabric, ranks, owner_in_group, chunks)["saved_s"]
     slope = one - zero  # seconds saved per row (the model is linear in rows)
     per_row = row_bytes * _links(fabric)[1][1]  # one row over an inter-node link
     if slope <= 1e-9 * per_row:  # zero or negative, up to rounding
@@ -114,7 +123,8 @@ def min_saved_bytes(k: int, row_bytes: int, fabric, ranks: int,
     return int((k - 1) * rows * row_bytes)
 
 
-def decide(num_nodes: int, row_bytes: int, fabric, ranks: int, setting="auto") -> dict:
+def decide(num_nodes: int, row_bytes: int, fabric, ranks: int, setting="auto",
+           chunks: int = 1) -> dict:
     """The plan's hot-rows entry of one ``ps`` variable.
 
     Not collective.
@@ -125,6 +135,7 @@ def decide(num_nodes: int, row_bytes: int, fabric, ranks: int, setting="auto") -
         ranks: ranks of the job.
         setting: ``"auto"`` (the cost model), ``"off"``, or an int ``m``
             (the fixed rule: ``HPCPAX_HOT_ROWS_MIN_BYTES`` for every group).
+        chunks: ``HPCPAX_HOT_ROWS_CHUNKS`` (see :func:`tree_gain`).
 
     Returns:
         ``{"min_nodes": m, "min_saved_bytes": [...], "reason": str}``:
@@ -144,13 +155,13 @@ def decide(num_nodes: int, row_bytes: int, fabric, ranks: int, setting="auto") -
         return {"min_nodes": 0, "min_saved_bytes": [],
                 "reason": "hot rows off: " + ("one node" if num_nodes < 2 else "no fabric")}
     ranks = max(2, int(ranks))
-    table = [None, None] + [min_saved_bytes(k, int(row_bytes), fabric, ranks)
+    table = [None, None] + [min_saved_bytes(k, int(row_bytes), fabric, ranks, chunks=chunks)
                             for k in range(2, int(num_nodes) + 1)]
     paying = [k for k, b in enumerate(table) if b is not None]
     if not paying:
         return {"min_nodes": 0, "min_saved_bytes": [],
-                "reason": f"hot rows off: on {num_nodes} nodes a store-and-forward tree's "
-                          "hops cost at least the owner copies it saves"}
+                "reason": f"hot rows off: on {num_nodes} nodes a tree's hops "
+                          f"({chunks} chunk(s)) cost at least the owner copies it saves"}
     m = paying[0]
     return {"min_nodes": m, "min_saved_bytes": table,
             "reason": f"hot rows: groups of >= {m} nodes saving >= {table[m]} owner bytes"}
@@ -168,4 +179,5 @@ def plan_entry(spec, method: str, shape, fabric, setting="auto"):
     if isinstance(setting, dict):
         setting = setting.get(spec.name, "auto")
     ranks = shape.num_nodes * (shape.workers_per_node + shape.servers_per_node)
-    return decide(shape.num_nodes, spec.dim * spec.itemsize, fabric, ranks, setting)
+    return decide(shape.num_nodes, spec.dim * spec.itemsize, fabric, ranks, setting,
+                  chunks=max(1, options.hot_rows_chunks))

@@ -56,6 +56,20 @@ def test_dedicated_owner_pays_from_four_nodes():
     assert min_saved_bytes(4, 256, FREE, ranks=8, owner_in_group=False) == 3 * 1 * 256
 
 
+def test_pipelined_chains_of_four_nodes():
+    # c = 4 chunks of G / 4 = 0.64 ms over an inter-node link (0.064 ms inside the node)
+    # pull: one intra-node round, then k - 2 + c = 6 inter-node rounds: 3.904 ms
+    # push: k + c - 1 = 7 rounds = 4.48 ms, + the ids 4 x 8,000 B = 0.32 ms
+    # today 2 x 3 x 2.56 ms = 15.36 ms
+    got = tree_gain(4, 1000, 256, FREE, ranks=8, chunks=4)
+    assert got["today_s"] == pytest.approx(15.36e-3)
+    assert got["pull_saved_s"] == pytest.approx(7.68e-3 - 3.904e-3)
+    assert got["push_saved_s"] == pytest.approx(7.68e-3 - 4.8e-3)
+    assert min_saved_bytes(2, 256, FREE, ranks=4, chunks=4) is None  # 5 quarters > 1 copy
+    assert min_saved_bytes(3, 256, FREE, ranks=6, chunks=4) == 2 * 1 * 256
+    assert decide(4, 256, SLOW, ranks=8, chunks=4)["min_nodes"] == 3
+
+
 def test_decide():
     off = decide(4, 256, FREE, ranks=8)
     assert off["min_nodes"] == 0 and off["min_saved_bytes"] == []
