@@ -30,6 +30,11 @@ price of the added rounds) takes a tree; the other rows move as before.
   partials are kept in the variable's dtype, as the owner's sum is).
   ``|S|`` rounds: a chain, not a binomial tree, because only the chain
   keeps the left-to-right order; a balanced tree would round differently.
+- **Pipelining** (``HPCPAX_HOT_ROWS_CHUNKS=c > 1``): every group takes a
+  chain and its rows go in ``c`` chunks, chunk ``j`` ``j`` rounds behind
+  chunk 0, so a member forwards one chunk while the next arrives:
+  ``|S| + c - 1`` rounds of ``1/c`` of the bytes. Each row keeps its path
+  and order, so results stay bitwise today's.
 
 Every round is one ``Alltoall`` of counts and one ``Alltoallv`` over
 ``topology.comm``; the number of rounds is agreed by one ``Allreduce``.
