@@ -11,6 +11,15 @@ machine's noise hits both alike:
 - ``persistent``: the last worker is 2x slower all the time (``--straggler
   RANK:2``); ``bsp`` vs ``asp``.
 
+Besides, ``balanced`` (BSP with ``--batch-shares speed --rebalance-every 10``)
+runs in ``persistent`` and ``auto`` (``--consistency auto --auto-segment 10``)
+in every scenario: ``ratio_balanced_bsp_vs_bsp_persistent`` and
+``ratio_auto_vs_best_fixed`` (the minimum over the scenarios of auto over
+the best fixed mode of that round; each scenario also under its own key)
+compare samples over training seconds (mode changes included) of every
+mode alike; ``loss_gap_auto`` is the worst scenario's relative loss gap of
+``auto`` against ``bsp``. ``--only`` and ``--modes`` run a subset.
+
 A straggler sleeps (FACTOR - 1) x its own compute time, so it costs no CPU.
 Samples/s is every worker's samples over the training wall time (``asp`` runs
 until the workers together trained steps x global batch samples). The loss is
@@ -49,20 +58,30 @@ QUICK = {"model": "lm", "vocab_size": 2_000, "emb_dim": 8, "context": 3, "hidden
 STALLS = "0.05:5"
 STALENESS = 3
 GOALS = {"ratio_ssp_vs_bsp_transient": (">=", 1.3), "ratio_asp_vs_bsp_persistent": (">=", 1.5),
-         "overhead_relaxed_no_straggler": ("<=", 1.05), "loss_gap_ssp": ("<=", 0.02)}
+         "overhead_relaxed_no_straggler": ("<=", 1.05), "loss_gap_ssp": ("<=", 0.02),
+         "ratio_balanced_bsp_vs_bsp_persistent": (">=", 1.4),
+         "ratio_auto_vs_best_fixed": (">=", 0.9), "loss_gap_auto": ("<=", 0.02)}
+
+
+#: Modes that are not a --consistency value: their settings.
+MODES = {"balanced": {"consistency": "bsp", "batch_shares": "speed", "rebalance_every": 10},
+         "auto": {"consistency": "auto", "auto_segment": 10}}
 
 
 def scenarios(workers_last_rank):
+    """``{name: (settings, (reference, relaxed, *more modes))}``."""
     return {
-        "none": ({}, ("bsp", f"ssp:{STALENESS}")),
-        "transient": ({"stalls": STALLS}, ("bsp", f"ssp:{STALENESS}")),
-        "persistent": ({"straggler": f"{workers_last_rank}:2"}, ("bsp", "asp")),
+        "none": ({}, ("bsp", f"ssp:{STALENESS}", "auto")),
+        "transient": ({"stalls": STALLS}, ("bsp", f"ssp:{STALENESS}", "auto")),
+        "persistent": ({"straggler": f"{workers_last_rank}:2"},
+                       ("bsp", "asp", "balanced", "auto")),
     }
 
 
 def one_run(comm, base, consistency, extra, steps, seed, workdir):
     run_dir = comm.bcast(tempfile.mkdtemp(dir=workdir) if comm.Get_rank() == 0 else None)
-    trainer = Trainer({**base, **extra, "consistency": consistency, "steps": steps,
+    mode = MODES.get(consistency, {"consistency": consistency})
+    trainer = Trainer({**base, **extra, **mode, "steps": steps,
                        "seed": seed, "run_dir": run_dir}, comm=comm)
     summary = trainer.run()
     leader = trainer.topology.worker_ranks[0]
@@ -72,7 +91,11 @@ def one_run(comm, base, consistency, extra, steps, seed, workdir):
         tail = losses[-max(1, len(losses) // 5):]
         stale = (summary.get("staleness") or {}).get(consistency, {})
         servers = summary.get("servers") or []
+        samples = summary.get("samples") or steps * base["global_batch"]
         result = {"samples_per_s": summary["mean_samples_per_s"],
+                  # every mode alike: samples over the training seconds, mode changes included
+                  "samples_per_s_train": samples / summary["train_seconds"],
+                  "auto": [(d["step"], d["to"]) for d in summary.get("auto") or []],
                   "loss": float(np.mean(tail)), "worker_steps": summary.get("worker_steps"),
                   "max_staleness": stale.get("max_gap"),
                   "staleness_violations": stale.get("violations"),
@@ -98,6 +121,10 @@ def main():
                         "(the trainer's default 0.003 is unstable under ssp:3 staleness here)")
     parser.add_argument("--global-batch", type=int, default=MODEL["global_batch"])
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--only", default=None, help="comma-separated scenarios to run "
+                        "(none, transient, persistent; default all)")
+    parser.add_argument("--modes", default=None, help="comma-separated modes to run in each "
+                        "scenario (default all: bsp, ssp:3 or asp, balanced, auto)")
     args = parser.parse_args()
     base = dict(MODEL)
     if args.quick:
@@ -110,6 +137,12 @@ def main():
     if size < 3:
         raise SystemExit("stragglers.py needs >= 3 ranks (1 server + 2 workers)")
     cases = scenarios(size - 1)
+    if args.only:
+        cases = {k: v for k, v in cases.items() if k in args.only.split(",")}
+    if args.modes:
+        keep = args.modes.split(",")
+        cases = {k: (extra, tuple(m for m in modes if m in keep))
+                 for k, (extra, modes) in cases.items()}
     cores = os.cpu_count() or 1
     out = {"benchmark": "stragglers", "ranks": size,
            "layout": f"{size} ranks on one node: 1 parameter server + {size - 1} workers "
@@ -129,11 +162,17 @@ def main():
                         one_run(comm, base, consistency, extra, args.steps, r, workdir))
     out["seconds"] = time.perf_counter() - started
     ratio = {}
-    for name, (_, (reference, relaxed)) in cases.items():
-        pairs = list(zip(runs[name][reference], runs[name][relaxed]))
+    for name, (_, modes) in cases.items():
+        reference, relaxed = scenarios(size - 1)[name][1][:2]  # bsp against ssp:3 / asp
+        pairs = (list(zip(runs[name][reference], runs[name][relaxed]))
+                 if reference in modes and relaxed in modes else [])
         ratio[name] = [b["samples_per_s"] / a["samples_per_s"] for a, b in pairs]
         ratio[name + "_loss"] = [abs(b["loss"] - a["loss"]) / a["loss"] for a, b in pairs]
         out[name] = {c: {"samples_per_s": spread([x["samples_per_s"] for x in results]),
+                         "samples_per_s_train": spread([x["samples_per_s_train"]
+                                                        for x in results]),
+                         "auto_decisions": [x["auto"] for x in results] if c == "auto"
+                         else None,
                          "loss": spread([x["loss"] for x in results]),
                          "worker_steps": results[-1]["worker_steps"],
                          "max_staleness": max((x["max_staleness"] or 0) for x in results),
@@ -141,18 +180,22 @@ def main():
                                                         for x in results])}
                      for c, results in runs[name].items()}
     figures = {
-        "ratio_ssp_vs_bsp_transient": spread(ratio["transient"]),
-        "ratio_asp_vs_bsp_persistent": spread(ratio["persistent"]),
-        "overhead_relaxed_no_straggler": spread([1.0 / x for x in ratio["none"]]),
-        "loss_gap_ssp": spread(ratio["transient_loss"]),
-        "loss_gap_ssp_no_straggler": spread(ratio["none_loss"]),
+        "ratio_ssp_vs_bsp_transient": spread(ratio.get("transient", [])),
+        "ratio_asp_vs_bsp_persistent": spread(ratio.get("persistent", [])),
+        "overhead_relaxed_no_straggler": spread([1.0 / x for x in ratio.get("none", [])]),
+        "loss_gap_ssp": spread(ratio.get("transient_loss", [])),
+        "loss_gap_ssp_no_straggler": spread(ratio.get("none_loss", [])),
     }
+    figures.update(runtime_figures(runs, cases))
     for key, value in figures.items():
         out[key] = value["median"]
         out[key + "_spread"] = [value["min"], value["max"]]
     # What the stragglers cost each model, against its own runs without them: on an
     # oversubscribed node most of the ratios above is the lockstep collectives' cost
     ssp = f"ssp:{STALENESS}"
+    needed = {"none": ("bsp", ssp), "transient": ("bsp", ssp), "persistent": ("bsp", "asp")}
+    if not all(runs.get(name, {}).get(m) for name, modes in needed.items() for m in modes):
+        return report(comm, out)  # --only / --modes left some out
     none_bsp = [x["samples_per_s"] for x in runs["none"]["bsp"]]
     none_ssp = [x["samples_per_s"] for x in runs["none"][ssp]]
     def slowdown(without, scenario, model):
@@ -166,9 +209,43 @@ def main():
     relaxed_runs = runs["transient"][ssp]
     out["max_observed_staleness"] = max((x["max_staleness"] or 0) for x in relaxed_runs)
     out["staleness_violations"] = sum((x["staleness_violations"] or 0) for x in relaxed_runs)
+    return report(comm, out)
+
+
+def runtime_figures(runs, cases) -> dict:
+    """Balanced BSP and ``auto`` against the fixed modes, per round (samples over training
+    seconds, every mode alike); a scenario or mode not run gives None."""
+    figures = {}
+    persistent = runs.get("persistent", {})
+    if persistent.get("balanced") and persistent.get("bsp"):
+        figures["ratio_balanced_bsp_vs_bsp_persistent"] = spread(
+            [b["samples_per_s_train"] / a["samples_per_s_train"]
+             for a, b in zip(persistent["bsp"], persistent["balanced"])])
+    worst, gaps = None, []
+    for name, (_, modes) in cases.items():
+        if "auto" not in modes or len(modes) < 2:
+            continue
+        fixed = [m for m in modes if m != "auto"]
+        per_round = [x["samples_per_s_train"] / max(runs[name][m][r]["samples_per_s_train"]
+                                                    for m in fixed)
+                     for r, x in enumerate(runs[name]["auto"])]
+        figures[f"ratio_auto_vs_best_fixed_{name}"] = spread(per_round)
+        worst = per_round if worst is None else [min(a, b) for a, b in zip(worst, per_round)]
+        if "bsp" in modes:
+            gaps.append([abs(a["loss"] - b["loss"]) / b["loss"]
+                         for a, b in zip(runs[name]["auto"], runs[name]["bsp"])])
+    if worst is not None:
+        figures["ratio_auto_vs_best_fixed"] = spread(worst)
+    if gaps:
+        figures["loss_gap_auto"] = spread([max(g) for g in zip(*gaps)])
+    return figures
+
+
+def report(comm, out) -> None:
+    """Goals and the load; rank 0 prints the JSON line."""
     out["goals"] = {k: f"{op} {v}" for k, (op, v) in GOALS.items()}
     out["goals_met"] = {k: (out[k] >= v if op == ">=" else out[k] <= v)
-                        for k, (op, v) in GOALS.items() if out[k] is not None}
+                        for k, (op, v) in GOALS.items() if out.get(k) is not None}
     out["load_average"] = list(os.getloadavg())
     if comm.Get_rank() == 0:
         print(json.dumps(out), flush=True)

@@ -104,13 +104,23 @@ FLAGS = (
     Flag("consistency", "str", "bsp", "bsp (the collective path), ssp:S (a worker runs at most "
          "S steps ahead of the slowest), asp (no bound) or psp:B[,S] (B peers sampled per "
          "pull must be within S steps); per sparse variable after ';', e.g. "
-         "'ssp:3; softmax_b=asp'. Relaxed models need server ranks and --plan ps"),
+         "'ssp:3; softmax_b=asp'; or auto (bsp, balanced shares or ssp:S, set at run time "
+         "from measured step times). Relaxed models and auto need server ranks and --plan ps"),
+    Flag("auto_segment", "int", 10, "consistency auto: steps of the first measured segment "
+         "(doubling while the mode stays, up to 8x)", minimum=3),
     Flag("consistency_groups", "str", "worker", "what a relaxed model relaxes: each worker "
          "against the others, or whole nodes (BSP inside a node)", ("worker", "node")),
     Flag("straggler", "str", None, "RANK:FACTOR[,...]: that world rank sleeps (FACTOR - 1) x "
          "its compute time every step (tests, benchmarks)"),
     Flag("stalls", "str", None, "P:FACTOR: every worker sleeps (FACTOR - 1) x its compute time "
          "on a random fraction P of its steps (tests, benchmarks)"),
+    Flag("batch_shares", "str", None, "bsp: each worker's share of the global batch, 'A,B,...' "
+         "(fixed) or 'speed' (balanced BSP: shares that make the workers finish together, "
+         "re-agreed every --rebalance-every steps); global batch and gradient stay BSP's"),
+    Flag("rebalance_every", "int", 20, "batch_shares speed: steps between re-evaluations",
+         minimum=1),
+    Flag("trace", "str", None, "write a per-rank timeline of the BSP steps to this file "
+         "(Chrome/Perfetto trace-event JSON: phases, barrier waits, decisions)"),
     Flag("bucket_bytes", "int", 1 << 20, "dense allreduce fusion buffer bytes (0: autotune)",
          minimum=0),
     # run directory, checkpoints, evaluation
@@ -360,14 +370,17 @@ def _check_combination(config):
 
 def _check_consistency(config):
     from ..ps.consistency import parse_consistency_spec
+    from .balance import check_run_time
     from .stragglers import parse_stalls, parse_straggler
 
-    default, per_variable = parse_consistency_spec(config["consistency"])
     parse_straggler(config["straggler"])
     parse_stalls(config["stalls"])
+    if check_run_time(config):  # consistency auto: decided at run time
+        return
+    default, per_variable = parse_consistency_spec(config["consistency"])
     if not (default.relaxed or any(m.relaxed for m in per_variable.values())):
         return
-    for key in ("partition_search", "replan_every"):
+    for key in ("partition_search", "replan_every", "batch_shares", "trace"):
         if config[key]:
             raise ConfigError(f"{key} needs consistency bsp, not {config['consistency']!r} "
                               "(relaxed models keep the plan fixed)")

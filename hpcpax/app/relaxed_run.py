@@ -37,11 +37,13 @@ from . import checkpoint as ckpt
 from .metrics import MetricsWriter, json_safe
 from .stragglers import Stragglers
 
-__all__ = ["setup", "plan_under", "RelaxedRun"]
+__all__ = ["setup", "plan_under", "relaxed_parts", "RelaxedRun"]
 
 
 def plan_under(config, spec):
     """The plan to build: ``ps`` for ``auto``/``hybrid`` under a relaxed model."""
+    if config["consistency"] == "auto":  # may run ssp segments: every variable on ps
+        return "ps" if spec in ("auto", "hybrid") else spec
     default, per_variable = parse_consistency_spec(config["consistency"])
     relaxed = default.relaxed or any(m.relaxed for m in per_variable.values())
     return "ps" if relaxed and spec in ("auto", "hybrid") else spec
@@ -61,7 +63,14 @@ def setup(trainer):
                                                    list(trainer.sync.variables))
     if not (default.relaxed or any(m.relaxed for m in per_variable.values())):
         return None
-    relaxed = RelaxedParameterServer(trainer.ps, config["consistency"],
+    return RelaxedRun(trainer, *relaxed_parts(trainer, config["consistency"]))
+
+
+def relaxed_parts(trainer, consistency):
+    """``(RelaxedParameterServer, RelaxedSync)`` under ``consistency``, their commands
+    added to the trainer's channel; **collective** (every rank)."""
+    config = trainer.config
+    relaxed = RelaxedParameterServer(trainer.ps, consistency,
                                      groups=config["consistency_groups"], seed=config["seed"])
     shapes = trainer.model.dense_shapes()
     rsync = RelaxedSync(relaxed, trainer.sync, shapes, config["dtype"], config["optimizer"],
@@ -73,7 +82,7 @@ def setup(trainer):
         "relaxed_stats": lambda: (relaxed.staleness(), relaxed.server_stats()),
         "stop": lambda preempted=False: (trainer._stop(preempted), relaxed.free()),
     })
-    return RelaxedRun(trainer, relaxed, rsync)
+    return relaxed, rsync
 
 
 class RelaxedRun:

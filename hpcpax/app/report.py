@@ -30,7 +30,7 @@ def _load(run_dir):
     records = read_metrics(path)
     steps = [r for r in records if "loss" in r]
     evals = [r for r in records if "eval" in r]
-    extra = {}
+    extra = {"decisions": [r for r in records if "batch_shares" in r]}
     for name in ("summary.json", "plan.json", "config.json"):
         file_path = os.path.join(run_dir, name)
         if os.path.isfile(file_path):
@@ -96,6 +96,13 @@ def summarize(run_dir) -> str:
             lines.append("totals over all ranks: " + ", ".join(
                 f"{p} {_human(e.get('sent_bytes', 0))} sent"
                 for p, e in phases.items() if e.get("sent_bytes")))
+        if summary.get("trace"):
+            lines.append(f"timeline: {summary['trace']} (open in https://ui.perfetto.dev or "
+                         "chrome://tracing)")
+        shares = [r["batch_shares"] for r in extra.get("decisions", [])]
+        if shares:
+            lines.append(f"batch shares: {len(shares)} change(s), last at step "
+                         f"{shares[-1]['step']}: {shares[-1]['to']}")
     return "\n".join(lines)
 
 

@@ -33,7 +33,7 @@ from ..options import parse_bytes
 from ..plan.controller import PlanController
 from ..plan.records import record_run
 from ..ps.memory import table_report
-from . import build, relaxed_run
+from . import auto_run, build, relaxed_run
 from .checkpointing import RunCheckpoints
 from .commands import CommandChannel
 from .config import resolve
@@ -41,6 +41,7 @@ from .datasets import build_model, open_data
 from .evaluation import evaluate
 from .metrics import MetricsWriter, ProgressBar, json_safe, read_metrics, write_json
 from .preemption import PreemptionHandler
+from .runtime import RunTime
 from .throughput import steady_throughput, unsteady_steps
 from .step_report import (BYTE_PHASES, TIME_PHASES, reduce_step, step_record, summarize,
                           summary_line)
@@ -158,7 +159,7 @@ class Trainer:
             for line in self.commands.run("check_disk"):
                 self.log(line, important=True)
             self.reader, self.eval_set = open_data(self.model, config)
-        if self.relaxed is not None:  # --consistency ssp|asp|psp: hpcpax.app.relaxed_run
+        if self.relaxed is not None:  # --consistency ssp|asp|psp|auto: relaxed_run, auto_run
             return self.relaxed.run(wall_start)
         start_step = self._resume() if config["resume"] else 1
         if self.is_leader and not config["quiet"]:
@@ -176,6 +177,7 @@ class Trainer:
             self.tables = self.commands.run("tables")
         finally:
             metrics.close()
+        self.runtime.finish()  # the --trace file
         if self.collect:
             self.parameters = self._read_parameters()
         self.commands.run("stop", preempted=self.stopped)
@@ -209,7 +211,8 @@ class Trainer:
                                         self.optimizer, self.device.xp),
             "switch": self.sync.switch, "stop": self._stop, "hot_rows": self.ps.set_hot_rows,
             "tables": lambda: table_report(topo.comm, self.ps)})
-        self.relaxed = relaxed_run.setup(self)  # stragglers; the relaxed server if asked
+        self.relaxed = auto_run.setup(self)  # stragglers; relaxed server / auto if asked
+        self.runtime = RunTime(self)  # balanced BSP (--batch-shares), timeline (--trace)
         if topo.rank == 0:
             write_json(os.path.join(self.run_dir, "config.json"),
                        {**config, "model_config": self.model.config(),
@@ -223,6 +226,7 @@ class Trainer:
                 "data_fingerprint": self.checkpoints.data_fingerprint,
                 "topology": self.topology.describe(),
                 "plan": self.planning.current_plan().to_dict(),
+                **self.runtime.checkpoint_meta(),  # batch shares, auto
                 "data_position": step, "rng": "counter-based (seed, step): nothing to save",
                 "job_id": self.job_id}
         path = self.commands.run("save", step=step, meta=json_safe(meta))
@@ -235,14 +239,12 @@ class Trainer:
     def _resume(self) -> int:
         """Load the newest intact checkpoint (damaged ones skipped); the step to start at."""
         with self.watchdog.guard("set-up: resume"):  # bounded like a save inside a step
-            return self.checkpoints.resume(self.commands, self.log)
+            return self.runtime.resume(self.checkpoints.resume(self.commands, self.log))
 
     # ------------------------------------------------------------------ steps
     def _batch(self, position):
         """This worker's shard of global batch ``position``, on its device."""
-        topo = self.topology
-        batch = self.reader.batch(position, self.config["global_batch"], topo.worker_index,
-                                  topo.num_workers)
+        batch = self.balance.batch(self.reader, position)  # even or balanced shares
         if self.device.kind == "gpu":
             batch = {k: self.device.xp.asarray(v) for k, v in batch.items()}
         return batch
@@ -315,10 +317,11 @@ class Trainer:
     def _loop_step(self, step):
         config, loop = self.config, self._loop
         began = time.perf_counter()
-        loss, local_batch, times = self.train_step(step)
-        loss, stop, times, cumulative = reduce_step(self.topology, loss, local_batch, times,
+        loss, local_batch, mine = self.train_step(step)
+        loss, stop, times, cumulative = reduce_step(self.topology, loss, local_batch, mine,
                                                     self.preemption.requested)
         seconds = time.perf_counter() - began
+        self.runtime.after_step(step, began, mine, local_batch, loop["metrics"])
         loop["seconds"] += seconds
         loop["last"] = step
         self.losses.append(loss)

@@ -19,7 +19,7 @@ import operator
 import numpy as np
 
 from hpcpax.data.mapping import MappedRows
-from hpcpax.data.sampling import check_geometry, sample_index_block, sample_indices
+from hpcpax.data.sampling import check_geometry, sample_index_block, sample_indices, sample_range
 from hpcpax.errors import DataError
 
 __all__ = ["COALESCE_BYTES", "SCAN_BYTES", "plan_runs", "read_runs", "gather_windows",
@@ -169,6 +169,26 @@ class ShardedReader:
                 or a value out of range in the batch (named with its position).
         """
         indices = self.sample_indices(step, global_batch, shard, num_shards)
+        with self._reading():
+            batch = self._read(indices)
+        self._check_batch(batch, indices)
+        return batch
+
+    def batch_range(self, step, global_batch, start, stop):
+        """Samples ``[start, stop)`` of step ``step``'s global batch (an uneven share).
+
+        Not collective; host NumPy arrays with leading dimension
+        ``stop - start``. The ranges of every worker, in order, hold the
+        same samples as :meth:`batch`'s even shards: balanced BSP changes
+        which worker reads a sample, never the global batch.
+
+        Raises:
+            DataError: a range outside ``[0, global_batch)`` or empty, fewer
+                samples than one global batch, an unreadable file, or a bad
+                value in the batch.
+        """
+        indices = sample_range(step, global_batch, start, stop, self.num_samples, self.shuffle,
+                               self.seed, self.name)
         with self._reading():
             batch = self._read(indices)
         self._check_batch(batch, indices)

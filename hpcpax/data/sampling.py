@@ -23,7 +23,7 @@ import numpy as np
 from hpcpax.errors import DataError
 
 __all__ = ["check_geometry", "check_int", "mix64", "permute", "sample_indices",
-           "sample_index_block"]
+           "sample_index_block", "sample_range"]
 
 _FEISTEL_ROUNDS = 4  # even: the last round leaves (left, right) in [0, a) x [0, b)
 _TAG_SHUFFLE = 0x5348554646  # "SHUFF": separates shuffle keys from data-generation streams
@@ -165,6 +165,11 @@ def sample_index_block(first_step, steps, global_batch, shard, num_shards, num_s
         raise DataError(f"{name}: step {first_step + steps - 1} is too large for int64 positions")
     positions = (first + np.arange(steps, dtype=np.int64)[:, None] * global_batch
                  + np.arange(local, dtype=np.int64)).reshape(-1)
+    return _samples_at(positions, num_samples, shuffle, seed).reshape(steps, local)
+
+
+def _samples_at(positions, num_samples, shuffle, seed):
+    """The sample each position names: its offset in its epoch, permuted when shuffling."""
     epochs = positions // num_samples
     offsets = positions - epochs * num_samples
     if shuffle:
@@ -173,7 +178,42 @@ def sample_index_block(first_step, steps, global_batch, shard, num_shards, num_s
             in_epoch = epochs == epoch
             result[in_epoch] = permute(offsets[in_epoch], num_samples, seed, int(epoch))
         offsets = result
-    return offsets.reshape(steps, local)
+    return offsets
+
+
+def sample_range(step, global_batch, start, stop, num_samples, shuffle=False, seed=0,
+                 name="data"):
+    """Indices of samples ``[start, stop)`` of step ``step``'s global batch, in batch order.
+
+    The uneven counterpart of :func:`sample_indices`: a worker with an
+    explicit share of the global batch (balanced BSP) reads positions
+    ``[step*G + start, step*G + stop)``; the ranges of all workers, in
+    order, concatenate to the same global batch as the even shards do, so
+    ``sample_range(s, G, r*G/n, (r+1)*G/n, ...)`` equals
+    ``sample_indices(s, G, r, n, ...)``. Not collective.
+
+    Raises:
+        TypeError: an argument is not an int.
+        DataError: negative step or seed, a range outside ``[0, global_batch]``
+            or empty, or a data set with fewer samples than one global batch.
+    """
+    step = check_int(step, "step")
+    global_batch = check_int(global_batch, "global_batch")
+    start, stop = check_int(start, "start"), check_int(stop, "stop")
+    seed = check_int(seed, "seed")
+    if step < 0 or seed < 0:
+        raise DataError(f"{name}: step and seed must be >= 0, not {step} and {seed}")
+    if not 0 <= start < stop <= global_batch:
+        raise DataError(f"{name}: a batch range must satisfy 0 <= start < stop <= global batch "
+                        f"{global_batch}, not [{start}, {stop})")
+    if num_samples < global_batch:
+        raise DataError(f"{name}: holds {num_samples} samples, fewer than one global batch "
+                        f"of {global_batch}; shards would repeat samples within a step")
+    first = step * global_batch + start
+    if first + (stop - start) >= 2**62:
+        raise DataError(f"{name}: step {step} is too large for int64 positions")
+    positions = first + np.arange(stop - start, dtype=np.int64)
+    return _samples_at(positions, num_samples, shuffle, seed)
 
 
 def sample_indices(step, global_batch, shard, num_shards, num_samples, shuffle=False, seed=0,

@@ -135,4 +135,10 @@ def test_stragglers(report):
     assert result["max_observed_staleness"] <= result["staleness_bound"]
     assert result["staleness_violations"] == 0
     assert 0 <= result["loss_gap_ssp"] < 1
+    # issue 15: balanced BSP and auto ran, against the fixed modes of the same rounds
+    _positive(result, ["ratio_balanced_bsp_vs_bsp_persistent", "ratio_auto_vs_best_fixed"])
+    assert 0 <= result["loss_gap_auto"] < 1
+    assert result["ratio_auto_vs_best_fixed"] == min(
+        result[f"ratio_auto_vs_best_fixed_{name}"] for name in ("none", "transient",
+                                                                  "persistent"))
     assert sum(result["persistent"]["asp"]["worker_steps"]) >= result["steps"] * (run["ranks"] - 1)

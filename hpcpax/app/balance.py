@@ -1,0 +1,193 @@
+"""Balanced BSP: each worker reads a share of the global batch (``--batch-shares``).
+
+Under BSP a step waits for the slowest worker. With ``--batch-shares speed``
+every worker measures its own work seconds per step (the data and compute
+phases: what grows with its share) and every ``--rebalance-every`` steps the
+workers agree new shares that make them finish together
+(:func:`hpcpax.plan.shares.balanced_shares`, on a per-worker model
+``fixed + share x seconds per sample`` fitted to the last evaluations): the
+medians are gathered, the first worker decides, the decision is broadcast,
+so every rank uses the same shares from the next step on. With ``--batch-shares A,B,...`` the shares are
+fixed (tests, a known slow worker).
+
+The global batch is untouched: worker ``w`` reads samples
+``[start_w, stop_w)`` of it (:meth:`~hpcpax.data.reading.ShardedReader.batch_range`),
+the ranges of all workers concatenate to the even shards' samples, and the
+trainer scales each worker's gradients by ``share x workers / G``, so the
+dense allreduce's mean is the mean over the global batch: the parameters
+are BSP's with the same global batch (to float round-off).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import ConfigError
+from ..plan.shares import (balanced_shares, even_shares, fit_work, parse_shares,
+                           relative_gain, share_ranges)
+
+__all__ = ["BatchBalancer", "MIN_GAIN", "check_batch_shares", "check_run_time"]
+
+#: Shares change only when the new ones are predicted to save this fraction of
+#: the slowest worker's work (measurement noise does not move samples around).
+MIN_GAIN = 0.05
+#: Evaluations each worker's work model is fitted on (the newest ones).
+HISTORY = 6
+
+
+def check_batch_shares(spec) -> None:
+    """Check ``--batch-shares`` before any communication (the worker count is not known yet).
+
+    Raises:
+        ConfigError: not ``speed`` nor comma-separated positive ints.
+    """
+    if spec in (None, "", "speed"):
+        return
+    try:
+        values = [int(p) for p in str(spec).replace(" ", "").split(",") if p]
+    except ValueError:
+        values = []
+    if not values or any(v < 1 for v in values):
+        raise ConfigError(f"batch_shares must be 'speed' or comma-separated positive ints "
+                          f"(one per worker, summing to the global batch), not {spec!r}")
+
+
+def check_run_time(config) -> bool:
+    """Check ``--batch-shares`` and ``--consistency auto``'s exclusions; whether it is auto.
+
+    Raises:
+        ConfigError: a bad ``batch_shares``, or ``auto`` with a setting it
+            decides itself (batch shares) or a live plan search.
+    """
+    check_batch_shares(config["batch_shares"])
+    if config["consistency"] != "auto":
+        return False
+    for key in ("partition_search", "replan_every", "batch_shares"):
+        if config[key]:
+            raise ConfigError(f"{key} and consistency auto exclude each other (auto sets the "
+                              "batch shares and keeps the plan fixed)")
+    return True
+
+
+class BatchBalancer:
+    """Which samples of each global batch this worker reads, and when that changes.
+
+    Args:
+        spec: ``--batch-shares``: None (even shards), ``speed``, or ``A,B,...``.
+        every: ``--rebalance-every``: steps between re-evaluations (``speed``).
+        topology: the run's :class:`~hpcpax.comm.topology.Topology` (a worker).
+        global_batch: samples per step.
+        log: ``log(text, important=...)`` for decisions.
+
+    Raises:
+        ConfigError: fixed shares that are not one positive int per worker
+            summing to ``global_batch`` (the same on every worker: checked
+            before any communication).
+    """
+
+    def __init__(self, spec, every, topology, global_batch, log=None):
+        self.topology, self.global_batch = topology, int(global_batch)
+        self.workers, self.index = topology.num_workers, topology.worker_index
+        self.adaptive = spec == "speed"
+        self.every = max(1, int(every))
+        fixed = None if self.adaptive else parse_shares(spec, self.global_batch, self.workers)
+        if self.adaptive and self.global_batch < self.workers:
+            raise ConfigError(f"batch_shares speed needs global_batch >= the {self.workers} "
+                              f"workers, not {self.global_batch}")
+        self.shares = fixed or even_shares(self.global_batch, self.workers)
+        self._log = log or (lambda text, important=False: None)
+        self._measured = []  # this worker's work seconds per step since the last evaluation
+        self._observed = []  # first worker: [(shares, every worker's median work)], newest last
+        #: Every change: ``{step, from, to, seconds_per_sample, fixed_seconds, gain}``.
+        self.history = []
+
+    @property
+    def even(self) -> bool:
+        """Whether every worker reads the same number of samples."""
+        return len(set(self.shares)) == 1
+
+    def batch(self, reader, position) -> dict:
+        """This worker's samples of global batch ``position`` (host arrays); not collective."""
+        if self.even:
+            return reader.batch(position, self.global_batch, self.index, self.workers)
+        start, stop = share_ranges(self.shares)[self.index]
+        return reader.batch_range(position, self.global_batch, start, stop)
+
+    def observe(self, step, times, local_batch, metrics=None) -> dict | None:
+        """Note one step's phase seconds; every ``every`` steps agree new shares.
+
+        **Collective** over the workers at the steps where ``step % every ==
+        0`` under ``speed`` (every worker calls it after every step). Returns
+        the decision when the shares changed (also written to ``metrics``, a
+        :class:`~hpcpax.app.metrics.MetricsWriter`, and logged), else None.
+        """
+        if not self.adaptive:
+            return None
+        self._measured.append(times["data"] + times["compute"])
+        if step % self.every:
+            return None
+        mine = float(np.median(self._measured))
+        self._measured = []
+        workers = self.topology.workers
+        gathered = workers.gather(mine, root=0)
+        decision = None
+        if self.index == 0:
+            decision = self.decide(step, gathered)
+        decision = workers.bcast(decision, root=0)
+        if decision is not None:
+            self.shares = list(decision["to"])
+            self.history.append(decision)
+            if metrics is not None:
+                metrics.write({"step": int(step), "batch_shares": decision})
+            self._log(f"step {step}: batch shares {decision['from']} -> {decision['to']}: "
+                      "seconds per sample " + ", ".join(
+                          f"{t:.3g}" for t in decision["seconds_per_sample"])
+                      + "; fixed seconds " + ", ".join(
+                          f"{t:.3g}" for t in decision["fixed_seconds"])
+                      + f"; predicted to save {100 * decision['gain']:.0f} % of the slowest "
+                      "worker's work", important=True)
+        return decision
+
+    def decide(self, step, work) -> dict | None:
+        """The new shares from every worker's median work seconds per step under the
+        current shares (None: keep them); local, deterministic.
+
+        Each worker's work is modelled as ``fixed + share x seconds per
+        sample``, fitted on the last ``HISTORY`` evaluations
+        (:func:`~hpcpax.plan.shares.fit_work`: proportional to the share until
+        two different shares were seen), so a worker's per-step costs do not
+        make a small share look slow per sample.
+        """
+        self._observed = (self._observed + [(list(self.shares), [float(w) for w in work])])
+        self._observed = self._observed[-HISTORY:]
+        fits = [fit_work([o[0][w] for o in self._observed], [o[1][w] for o in self._observed])
+                for w in range(self.workers)]
+        fixed, per_sample = [f[0] for f in fits], [f[1] for f in fits]
+        proposed = balanced_shares(per_sample, self.global_batch, fixed=fixed)
+        gain = relative_gain(self.shares, proposed, per_sample, fixed)
+        if proposed == self.shares or gain < MIN_GAIN:
+            return None
+        return {"step": int(step), "from": list(self.shares), "to": proposed,
+                "seconds_per_sample": per_sample, "fixed_seconds": fixed,
+                "gain": float(gain)}
+
+    # ---------------------------------------------------------- checkpoint
+    def state(self) -> dict:
+        """JSON-able state (checkpoint metadata)."""
+        return {"shares": list(self.shares), "history": list(self.history),
+                "observed": list(self._observed)}
+
+    def resume(self, path) -> None:
+        """Take the shares saved in checkpoint ``path``; **collective** over the workers."""
+        from .checkpoint import read_meta
+
+        state = read_meta(path).get("batch_shares") if self.index == 0 else None
+        self.load(self.topology.workers.bcast(state, root=0))
+
+    def load(self, state) -> None:
+        """Continue from :meth:`state` (kept only when the worker count is the same)."""
+        shares = list((state or {}).get("shares") or [])
+        if self.adaptive and len(shares) == self.workers and sum(shares) == self.global_batch:
+            self.shares = [int(s) for s in shares]
+            self.history = list(state.get("history", []))
+            self._observed = [(list(a), list(b)) for a, b in state.get("observed", [])]

@@ -1,0 +1,322 @@
+"""``--consistency auto``: which synchronization to run, from measured step times (pure).
+
+A run under ``auto`` is cut into *segments* of a few steps. After each one
+the workers gather what they measured (per worker and step: its own work
+seconds, data plus compute, the part that grows with its batch share; its
+step seconds; its batch; the losses) and :class:`AutoPolicy` decides the
+next segment's mode, the same on every rank (the first worker decides, the
+decision is broadcast):
+
+- ``bsp``: the collective path, even shares;
+- ``balanced``: BSP with batch shares proportional to measured speed
+  (:mod:`hpcpax.plan.shares`): exactly BSP's global batch and gradient;
+- ``ssp:S``: the relaxed parameter server with staleness ``S``.
+
+The rules (constants below), first match wins. From ``bsp``/``balanced``:
+
+1. *persistent slowness*: the slowest worker's typical (median) seconds
+   per sample are >= ``PERSISTENT_RATIO`` x the fastest's, in this segment
+   and the one before (the same worker; once ``balanced``, this segment
+   suffices), and shares proportional to speed save >= ``MIN_GAIN`` of the
+   step -> ``balanced`` with those shares;
+2. ``balanced`` but no worker persistently slower any more -> ``bsp``;
+3. *transient stalls*: >= ``MIN_STALL_FRACTION`` of the worker-steps took
+   >= ``STALL_FACTOR`` x the worker's typical time, and the waiting they
+   cause at the barriers is >= ``MIN_GAIN`` of the step -> ``ssp:S``, ``S``
+   the 90th percentile of the stall lengths in steps (``1..MAX_STALENESS``);
+4. else ``bsp`` stays (no straggler: nothing a relaxed model would win).
+
+From ``ssp:S`` (a relaxed segment):
+
+5. the guard (:func:`guard`): the loss diverges or stalls against the BSP
+   trajectory -> ``bsp``;
+6. the segment was not faster than the last BSP segment -> ``bsp``;
+7. a worker persistently slower (rule 1) -> ``balanced`` (bounded
+   staleness cannot absorb persistent slowness);
+8. no stalls seen any more -> ``bsp``;
+9. else ``S`` follows the measured stall lengths.
+
+After rules 5 and 6 no relaxed mode is tried for ``COOLDOWN`` segments
+(doubling with each failure). A segment that keeps the mode doubles the
+next segment's length (up to ``max_segment``); a change resets it.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .shares import balanced_shares, even_shares, relative_gain
+
+__all__ = ["analyze", "loss_figures", "guard", "AutoPolicy", "PERSISTENT_RATIO",
+           "STALL_FACTOR", "MIN_STALL_FRACTION", "MIN_GAIN", "MAX_STALENESS",
+           "GUARD_RISE", "GUARD_RATE", "COOLDOWN"]
+
+PERSISTENT_RATIO = 1.25  # slowest worker's typical seconds per sample / the fastest's
+STALL_FACTOR = 2.0       # a worker-step this many times its typical work is a stall
+MIN_STALL_FRACTION = 0.01
+MIN_GAIN = 0.05          # fraction of the step a change must save (predicted or measured)
+MAX_STALENESS = 4
+GUARD_RISE = 0.02        # a relaxed segment's mean loss this much above the last: divergence
+GUARD_RATE = 0.25        # ... or progress below this fraction of BSP's rate: a stall
+COOLDOWN = 3             # segments without relaxed trials after a failed one
+
+
+def analyze(work, batch, seconds) -> dict:
+    """Figures of one segment's step-time trace.
+
+    Args:
+        work: ``[steps, workers]`` each worker's own work seconds per step.
+        batch: ``[steps, workers]`` each worker's samples per step.
+        seconds: ``[steps, workers]`` each worker's step seconds (wall).
+
+    Returns:
+        dict: ``per_sample`` (each worker's median work seconds per sample),
+        ``persistent_ratio`` (slowest / fastest of those), ``stall_fraction``
+        (of worker-steps), ``stall_steps`` (each stall's extra seconds in
+        steps of the median step, consecutive stalled steps of a worker as
+        one), ``imbalance`` (mean over steps of slowest minus mean work,
+        over the step: what waiting for the slowest costs),
+        ``persistent_imbalance`` (the part the typical speeds explain),
+        ``transient_imbalance`` (the rest), ``wait_fraction`` (mean share
+        of a step outside own work), ``step_seconds`` (median).
+    """
+    work = np.asarray(work, np.float64)
+    batch = np.maximum(np.asarray(batch, np.float64), 1.0)
+    seconds = np.asarray(seconds, np.float64)
+    if work.ndim != 2 or work.shape != batch.shape or work.shape != seconds.shape \
+            or work.shape[0] == 0:
+        raise ValueError(f"work, batch and seconds must be [steps, workers] arrays of one "
+                         f"shape, not {work.shape}, {batch.shape}, {seconds.shape}")
+    per_sample_steps = work / batch
+    per_sample = np.median(per_sample_steps, axis=0)
+    fastest = max(float(per_sample.min()), 1e-12)
+    step = float(np.median(seconds))
+    typical = per_sample[None, :] * batch
+    extra = work - typical
+    stalled = (work > STALL_FACTOR * typical) & (extra > 0)
+    lengths = []
+    for w in range(work.shape[1]):
+        run = 0.0
+        for s in range(work.shape[0]):
+            if stalled[s, w]:
+                run += extra[s, w]
+            elif run:
+                lengths.append(run)
+                run = 0.0
+        if run:
+            lengths.append(run)
+    step_mean = np.maximum(seconds.mean(axis=1), 1e-12)
+    imbalance = float(np.mean((work.max(axis=1) - work.mean(axis=1)) / step_mean))
+    persistent = float(np.mean((typical.max(axis=1) - typical.mean(axis=1)) / step_mean))
+    waits = np.clip((seconds - work) / np.maximum(seconds, 1e-12), 0.0, 1.0)
+    return {
+        "per_sample": [float(x) for x in per_sample],
+        "persistent_ratio": float(per_sample.max()) / fastest,
+        "stall_fraction": float(stalled.mean()),
+        "stall_steps": sorted(float(x) / max(step, 1e-12) for x in lengths),
+        "imbalance": imbalance, "persistent_imbalance": persistent,
+        "transient_imbalance": max(0.0, imbalance - persistent),
+        "wait_fraction": float(waits.mean()), "step_seconds": step,
+    }
+
+
+def loss_figures(steps, losses) -> dict | None:
+    """``{mean, slope (per step), noise (std error of the mean), mid (step)}`` of a segment."""
+    steps = np.asarray(steps, np.float64)
+    losses = np.asarray(losses, np.float64)
+    keep = np.isfinite(losses)
+    steps, losses = steps[keep], losses[keep]
+    if len(losses) == 0:
+        return None
+    mean, mid = float(losses.mean()), float(steps.mean())
+    if len(losses) < 3:
+        return {"mean": mean, "slope": 0.0, "noise": abs(mean), "mid": mid, "n": len(losses)}
+    slope, intercept = np.polyfit(steps - mid, losses, 1)
+    residual = losses - (intercept + slope * (steps - mid))
+    noise = float(residual.std(ddof=2) / math.sqrt(len(losses)))
+    return {"mean": mean, "slope": float(slope), "noise": noise, "mid": mid, "n": len(losses)}
+
+
+def guard(bsp, previous, current) -> str | None:
+    """Why a relaxed segment must go back to BSP (None: it may go on).
+
+    Args:
+        bsp: :func:`loss_figures` of the last BSP segment (its slope is the
+            reference rate).
+        previous: those of the segment before ``current`` (any mode).
+        current: those of the relaxed segment.
+
+    The rule: with ``noise`` the combined standard error of the two means,
+    the loss *diverges* when ``current.mean > previous.mean + max(GUARD_RISE x
+    previous.mean, 3 x noise)``; it *stalls* when BSP's rate promised a
+    measurable fall over the distance between the two segments
+    (``expected = bsp.slope x (current.mid - previous.mid) < -3 x noise``) and
+    the fall achieved is below ``GUARD_RATE x |expected| - 2 x noise``.
+    """
+    if not (bsp and previous and current):
+        return None
+    noise = math.hypot(previous["noise"], current["noise"])
+    rise = current["mean"] - previous["mean"]
+    if rise > max(GUARD_RISE * abs(previous["mean"]), 3 * noise):
+        return (f"loss diverges: {previous['mean']:.4f} -> {current['mean']:.4f} "
+                f"(+{100 * rise / abs(previous['mean']):.1f} %)")
+    expected = bsp["slope"] * (current["mid"] - previous["mid"])
+    if expected < -3 * noise and -rise < GUARD_RATE * -expected - 2 * noise:
+        return (f"loss stalls: fell {-rise:.4f} where BSP's rate ({bsp['slope']:.2e}/step) "
+                f"gives {-expected:.4f}")
+    return None
+
+
+class AutoPolicy:
+    """The decisions of ``--consistency auto`` (state kept for checkpoints).
+
+    Args:
+        workers: the number of workers.
+        global_batch: samples per step.
+        segment: steps of the first segment (and after every change).
+        max_segment: the longest segment.
+    """
+
+    def __init__(self, workers, global_batch, segment=10, max_segment=80):
+        self.workers, self.global_batch = int(workers), int(global_batch)
+        self.base_segment, self.max_segment = int(segment), max(int(segment), int(max_segment))
+        self.mode, self.staleness = "bsp", 0
+        self.shares = even_shares(global_batch, workers)
+        self.segment = self.base_segment
+        self.segments = 0
+        self.cooldown_until = 0
+        self.failures = 0
+        self.slow_worker = None  # the slowest worker of the last segment, when >= the ratio
+        self.bsp_loss = self.previous_loss = None
+        self.bsp_rate = None
+        #: Every decision that changed something (JSON-able dicts).
+        self.history = []
+
+    @property
+    def consistency(self) -> str:
+        """The mode in force, as ``bsp``, ``balanced`` or ``ssp:S``."""
+        return f"ssp:{self.staleness}" if self.mode == "ssp" else self.mode
+
+    # -------------------------------------------------------------- decide
+    def decide(self, step, work, batch, seconds, losses, steps, samples_per_s) -> dict | None:
+        """The decision after a segment ending at ``step`` (None: keep everything).
+
+        ``work``, ``batch``, ``seconds`` as :func:`analyze` takes them;
+        ``losses`` and ``steps`` the segment's per-step losses;
+        ``samples_per_s`` its measured throughput (segment samples over its
+        wall time, boundaries included).
+        """
+        figures = analyze(work, batch, seconds)
+        loss = loss_figures(steps, losses)
+        self.segments += 1
+        if self.mode == "ssp":
+            change = self._from_relaxed(figures, loss, samples_per_s)
+        else:
+            self.bsp_loss, self.bsp_rate = loss, float(samples_per_s)
+            change = self._from_bsp(figures)
+        self.previous_loss = loss
+        if change is None:
+            self.segment = min(self.max_segment, 2 * self.segment)
+            return None
+        mode, staleness, shares, reason = change
+        decision = {"step": int(step), "from": self.consistency,
+                    "to": f"ssp:{staleness}" if mode == "ssp" else mode,
+                    "shares": list(shares), "reason": reason,
+                    "measurements": {**{k: v for k, v in figures.items() if k != "stall_steps"},
+                                     "stalls": len(figures["stall_steps"]),
+                                     "samples_per_s": float(samples_per_s),
+                                     "bsp_samples_per_s": self.bsp_rate, "loss": loss}}
+        self.mode, self.staleness, self.shares = mode, staleness, list(shares)
+        self.segment = self.base_segment
+        self.history.append(decision)
+        return decision
+
+    def _cooling(self) -> bool:
+        return self.segments < self.cooldown_until
+
+    def _fail(self) -> None:
+        self.failures += 1
+        self.cooldown_until = self.segments + 1 + COOLDOWN * 2 ** (self.failures - 1)
+
+    def _persistent(self, figures):
+        """``(shares, reason)`` when balancing pays (rule 1), else None."""
+        times = figures["per_sample"]
+        slow, seen = int(np.argmax(times)), self.slow_worker
+        self.slow_worker = slow if figures["persistent_ratio"] >= PERSISTENT_RATIO else None
+        if self.slow_worker is None or (self.mode != "balanced" and seen != slow):
+            return None  # slower in one segment only: not yet persistent
+        proposed = balanced_shares(times, self.global_batch)
+        current = self.shares if self.mode == "balanced" else even_shares(self.global_batch,
+                                                                          self.workers)
+        work = max(s * t for s, t in zip(current, times))
+        gain = relative_gain(current, proposed, times) * work / max(figures["step_seconds"],
+                                                                    1e-12)
+        if proposed == current or gain < MIN_GAIN:
+            return None
+        return proposed, (f"persistent: worker {slow} takes {figures['persistent_ratio']:.2f} x "
+                          f"the fastest's time per sample; shares {proposed} save "
+                          f"{100 * gain:.0f} % of a step")
+
+    def _staleness(self, figures) -> int:
+        lengths = figures["stall_steps"]
+        if not lengths:
+            return 1
+        return int(min(MAX_STALENESS, max(1, math.ceil(np.percentile(lengths, 90)))))
+
+    def _stalls(self, figures) -> bool:
+        return (figures["stall_fraction"] >= MIN_STALL_FRACTION
+                and figures["transient_imbalance"] >= MIN_GAIN)
+
+    def _from_bsp(self, figures):
+        balanced = self._persistent(figures)
+        if balanced is not None:
+            return ("balanced",) + (0,) + balanced
+        even = even_shares(self.global_batch, self.workers)
+        if self.mode == "balanced" and figures["persistent_ratio"] < PERSISTENT_RATIO:
+            return "bsp", 0, even, (f"no worker persistently slower any more (ratio "
+                                    f"{figures['persistent_ratio']:.2f}): even shares")
+        if self.mode == "balanced" or self._cooling():
+            return None
+        if self._stalls(figures):
+            staleness = self._staleness(figures)
+            return "ssp", staleness, even, (
+                f"transient stalls on {100 * figures['stall_fraction']:.1f} % of worker-steps "
+                f"cost {100 * figures['transient_imbalance']:.0f} % of a step in barrier waits; "
+                f"90 % of them last <= {staleness} step(s)")
+        return None
+
+    def _from_relaxed(self, figures, loss, samples_per_s):
+        even = even_shares(self.global_batch, self.workers)
+        why = guard(self.bsp_loss, self.previous_loss, loss)
+        if why is not None:
+            self._fail()
+            return "bsp", 0, even, "guard: " + why
+        if self.bsp_rate is not None and samples_per_s < self.bsp_rate:
+            self._fail()
+            return "bsp", 0, even, (f"ssp:{self.staleness} ran {samples_per_s:,.0f} samples/s, "
+                                    f"bsp {self.bsp_rate:,.0f}: no gain")
+        balanced = self._persistent(figures)
+        if balanced is not None:
+            return ("balanced", 0) + balanced
+        if figures["stall_fraction"] < MIN_STALL_FRACTION:
+            return "bsp", 0, even, "stalls gone"
+        staleness = self._staleness(figures)
+        if staleness != self.staleness:
+            return "ssp", staleness, even, (f"stall lengths now: 90 % last <= {staleness} "
+                                            "step(s)")
+        return None
+
+    # ---------------------------------------------------------- checkpoint
+    def state(self) -> dict:
+        """JSON-able state (checkpoint metadata)."""
+        keys = ("mode", "staleness", "shares", "segment", "segments", "cooldown_until",
+                "failures", "slow_worker", "bsp_loss", "previous_loss", "bsp_rate", "history")
+        return {k: getattr(self, k) for k in keys}
+
+    def load(self, state) -> None:
+        """Continue from :meth:`state`."""
+        for key, value in state.items():
+            if hasattr(self, key):
+                setattr(self, key, value)

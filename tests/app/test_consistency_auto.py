@@ -1,0 +1,143 @@
+"""``--consistency auto`` in a real run: segments, decisions, exactness of the switches.
+
+Needs a server rank and two workers (``mpirun -n 3`` or more); each run is a
+tiny float64 model.
+"""
+
+import json
+import os
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+from hpcpax.app.checkpoint import latest, read_meta
+from hpcpax.app.trainer import Trainer
+from hpcpax.plan import adaptive
+
+TINY = {
+    "model": "lm", "vocab_size": 300, "context": 3, "emb_dim": 8, "hidden": [16],
+    "out_dim": 8, "num_sampled": 16, "global_batch": 12, "synthetic_samples": 5000,
+    "lr": 0.01, "sparse_lr": 0.2, "quiet": True, "dtype": "float64", "plan": "ps",
+    "servers_per_node": 1, "ranks_per_node": None,
+}
+
+
+def shared_dir(comm, tmp_path, name):
+    path = comm.bcast(str(tmp_path / name) if comm.Get_rank() == 0 else None, root=0)
+    comm.Barrier()
+    return path
+
+
+def run(comm, **overrides):
+    trainer = Trainer({**TINY, **overrides}, comm=comm, collect=True)
+    trainer.run()
+    return trainer
+
+
+def leader_value(comm, trainer, value):
+    return comm.bcast(value, root=trainer.topology.worker_ranks[0])
+
+
+def close(a, b, rtol=1e-9):
+    return all(np.allclose(a[part][k], b[part][k], rtol=rtol, atol=1e-12)
+               for part in ("dense", "sparse") for k in a[part])
+
+
+def records(run_dir, key):
+    with open(os.path.join(run_dir, "metrics.jsonl"), encoding="utf-8") as handle:
+        return [r for r in map(json.loads, handle) if key in r]
+
+
+@pytest.mark.mpi(min_size=3)
+@pytest.mark.timeout(240)
+def test_switches_to_ssp0_and_back_keep_bsp_parameters(comm, tmp_path, monkeypatch):
+    """Scripted decisions bsp -> ssp:0 -> bsp: ssp:0 gives BSP's updates, and the dense
+    replicas and optimizer state go to the servers and back, so the parameters are plain
+    BSP's (float64 round-off); each change is in metrics.jsonl and the checkpoint."""
+    script = iter([("ssp", 0), ("bsp", 0), None, None, None])
+
+    def scripted(self, step, work, batch, seconds, losses, steps, samples_per_s):
+        assert np.asarray(work).shape[1] == self.workers
+        self.segments += 1
+        change = next(script)
+        if change is None:
+            return None
+        decision = {"step": step, "from": self.consistency, "reason": "scripted",
+                    "to": "ssp:0" if change[0] == "ssp" else "bsp",
+                    "shares": list(self.shares), "measurements": {}}
+        self.mode, self.staleness = change
+        self.history.append(decision)
+        return decision
+
+    monkeypatch.setattr(adaptive.AutoPolicy, "decide", scripted)
+    run_dir = shared_dir(comm, tmp_path, "auto")
+    config = {"steps": 15, "auto_segment": 4, "checkpoint_every": 15}
+    auto = run(comm, run_dir=run_dir, consistency="auto", **config)
+    plain = run(comm, run_dir=shared_dir(comm, tmp_path, "plain"), **config)
+    ok = close(leader_value(comm, auto, auto.parameters),
+               leader_value(comm, plain, plain.parameters))
+    losses = leader_value(comm, auto, auto.losses)
+    ok = ok and len(losses) == 15 and np.allclose(
+        losses, leader_value(comm, plain, plain.losses), rtol=1e-9)
+    if comm.Get_rank() == 0:
+        changes = [r["auto"] for r in records(run_dir, "auto")]
+        ok = ok and [(c["step"], c["to"]) for c in changes] == [(4, "ssp:0"), (8, "bsp")]
+        ok = ok and [r["step"] for r in records(run_dir, "loss")] == list(range(1, 16))
+        meta = read_meta(latest(run_dir))
+        ok = ok and meta["auto"]["mode"] == "bsp" and len(meta["auto"]["history"]) == 2
+    assert comm.allreduce(bool(ok), op=MPI.LAND)
+
+
+@pytest.mark.mpi(min_size=3)
+@pytest.mark.timeout(240)
+def test_persistent_straggler_gets_balanced_bsp(comm, tmp_path):
+    """A 30x straggler (of this tiny model's small compute): auto (measured decisions) moves to balanced BSP, giving the slow
+    worker a smaller share; with no relaxed segment the run is plain BSP's."""
+    run_dir = shared_dir(comm, tmp_path, "straggler")
+    last = comm.Get_size() - 1
+    auto = run(comm, run_dir=run_dir, consistency="auto", auto_segment=4, steps=16,
+               straggler=f"{last}:30", global_batch=48)
+    history = leader_value(comm, auto, auto.relaxed.policy.history)
+    shares = leader_value(comm, auto, auto.balance.shares)
+    ok = any(h["to"] == "balanced" for h in history)
+    ok = ok and shares[-1] < min(shares[:-1]) and sum(shares) == 48
+    if not any(h["to"].startswith("ssp") for h in history):
+        plain = run(comm, run_dir=shared_dir(comm, tmp_path, "plain"), steps=16,
+                    global_batch=48)
+        ok = ok and close(leader_value(comm, auto, auto.parameters),
+                          leader_value(comm, plain, plain.parameters))
+    assert comm.allreduce(bool(ok), op=MPI.LAND)
+
+
+@pytest.mark.mpi(min_size=3)
+@pytest.mark.timeout(240)
+def test_resume_keeps_the_controller_state(comm, tmp_path, monkeypatch):
+    """A scripted move to balanced shares is in the checkpoint; the resumed run reads with
+    those shares from its first step and ends with plain BSP's parameters."""
+    workers = comm.Get_size() - 1
+    forced = [12 - 2 * (workers - 1)] + [2] * (workers - 1)
+
+    def scripted(self, step, work, batch, seconds, losses, steps, samples_per_s):
+        self.segments += 1
+        if self.mode == "balanced":
+            return None
+        decision = {"step": step, "from": self.consistency, "to": "balanced",
+                    "shares": forced, "reason": "scripted", "measurements": {}}
+        self.mode, self.shares = "balanced", list(forced)
+        self.history.append(decision)
+        return decision
+
+    monkeypatch.setattr(adaptive.AutoPolicy, "decide", scripted)
+    run_dir = shared_dir(comm, tmp_path, "resume")
+    run(comm, run_dir=run_dir, consistency="auto", auto_segment=3, steps=8, checkpoint_every=8)
+    seen = []
+    resumed = Trainer({**TINY, "run_dir": run_dir, "consistency": "auto", "auto_segment": 3,
+                       "steps": 12, "resume": True}, comm=comm, collect=True,
+                      hooks=[lambda trainer, step: seen.append(list(trainer.balance.shares))])
+    resumed.run()
+    plain = run(comm, run_dir=shared_dir(comm, tmp_path, "plain"), steps=12)
+    ok = resumed.topology.is_server or seen == [forced] * 4
+    ok = ok and close(leader_value(comm, resumed, resumed.parameters),
+                      leader_value(comm, plain, plain.parameters))
+    assert comm.allreduce(bool(ok), op=MPI.LAND)

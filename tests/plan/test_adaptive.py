@@ -1,0 +1,156 @@
+"""``--consistency auto``'s decisions on recorded step-time traces (pure, no MPI)."""
+
+import numpy as np
+import pytest
+
+from hpcpax.plan.adaptive import (COOLDOWN, MAX_STALENESS, AutoPolicy, analyze, guard,
+                                  loss_figures)
+
+WORKERS, BATCH = 3, 12
+
+
+def trace(per_sample=(1e-3, 1e-3, 1e-3), shares=(4, 4, 4), steps=40, stalls=(), comm=2e-3,
+          seed=0):
+    """``(work, batch, seconds)`` of a BSP segment: every step waits for the slowest worker.
+
+    ``stalls``: ``(step, worker, factor, length)`` -- that worker's work is ``factor`` x its
+    typical time for ``length`` consecutive steps.
+    """
+    rng = np.random.default_rng(seed)
+    batch = np.tile(np.asarray(shares, np.float64), (steps, 1))
+    work = batch * np.asarray(per_sample) * (1 + 0.03 * rng.standard_normal(batch.shape))
+    for step, worker, factor, length in stalls:
+        work[step:step + length, worker] *= factor
+    seconds = np.repeat(work.max(axis=1, keepdims=True) + comm, len(shares), axis=1)
+    return work, batch, seconds
+
+
+def falling_losses(first_step, steps=40, start=5.0, slope=-0.01, seed=0):
+    rng = np.random.default_rng(seed)
+    x = np.arange(first_step, first_step + steps)
+    return list(start + slope * (x - 1) + 0.002 * rng.standard_normal(steps)), list(x)
+
+
+def decide(policy, step, figures_of, losses=None, rate=None):
+    work, batch, seconds = figures_of
+    losses, steps = losses or falling_losses(step - len(work) + 1, len(work))
+    rate = rate if rate is not None else BATCH * len(work) / seconds[:, 0].sum()
+    return policy.decide(step, work, batch, seconds, losses, steps, rate)
+
+
+def test_no_straggler_stays_bsp():
+    policy = AutoPolicy(WORKERS, BATCH, segment=40)
+    for k in range(1, 5):
+        assert decide(policy, 40 * k, trace(seed=k)) is None
+    assert policy.consistency == "bsp" and policy.shares == [4, 4, 4] and not policy.history
+    assert policy.segment == 80  # a kept mode doubles the segment up to max_segment
+
+
+def test_transient_stalls_choose_ssp_with_stall_length():
+    # 10 % of worker-steps stall at 5x their work, in runs of 2 steps
+    stalls = [(s, s % 3, 5.0, 2) for s in range(0, 40, 6)]
+    figures = analyze(*trace(stalls=stalls))
+    assert figures["persistent_ratio"] < 1.2 and figures["stall_fraction"] >= 0.1
+    policy = AutoPolicy(WORKERS, BATCH, segment=40)
+    decision = decide(policy, 40, trace(stalls=stalls))
+    lengths = figures["stall_steps"]
+    expected = int(min(MAX_STALENESS, max(1, np.ceil(np.percentile(lengths, 90)))))
+    assert decision["to"] == f"ssp:{expected}" and policy.consistency == f"ssp:{expected}"
+    assert expected >= 2  # a stall lasts several steps of the median step
+    assert "transient stalls" in decision["reason"] and decision["from"] == "bsp"
+    assert decision["measurements"]["stalls"] == len(lengths)
+    # short stalls: a smaller staleness
+    short = [(s, s % 3, 2.2, 1) for s in range(0, 40, 4)]
+    policy = AutoPolicy(WORKERS, BATCH, segment=40)
+    assert decide(policy, 40, trace(stalls=short))["to"] == "ssp:1"
+
+
+def test_persistent_straggler_chooses_balanced_bsp():
+    policy = AutoPolicy(WORKERS, BATCH, segment=40)
+    slow = (1e-3, 1e-3, 2e-3)
+    assert decide(policy, 40, trace(per_sample=slow)) is None  # one segment: not persistent
+    decision = decide(policy, 80, trace(per_sample=slow, seed=5))
+    assert decision["to"] == "balanced" and policy.shares == [5, 5, 2]
+    assert "worker 2" in decision["reason"]
+    # balanced: the same slowness keeps the shares; the straggler gone -> bsp, even shares
+    assert decide(policy, 120, trace(per_sample=slow, shares=(5, 5, 2), seed=1)) is None
+    back = decide(policy, 160, trace(shares=(5, 5, 2), seed=2))
+    assert back["to"] == "bsp" and policy.shares == [4, 4, 4]
+
+
+def test_one_slow_segment_is_not_persistent():
+    """A worker slow in one segment, another in the next: no rebalancing."""
+    policy = AutoPolicy(WORKERS, BATCH, segment=40)
+    assert decide(policy, 40, trace(per_sample=(1e-3, 1e-3, 2e-3))) is None
+    assert decide(policy, 80, trace(per_sample=(2e-3, 1e-3, 1e-3))) is None
+    assert decide(policy, 120, trace()) is None and policy.consistency == "bsp"
+
+
+def test_decisions_are_deterministic():
+    runs = []
+    for _ in range(2):
+        policy = AutoPolicy(WORKERS, BATCH, segment=40)
+        for step in (40, 80):
+            decide(policy, step, trace(per_sample=(1e-3, 1e-3, 2e-3)))
+        runs.append(policy.state())
+    assert runs[0]["mode"] == "balanced"
+    assert runs[0] == runs[1]
+
+
+def test_ssp_slower_than_bsp_goes_back_and_cools_down():
+    stalls = [(s, s % 3, 5.0, 2) for s in range(0, 40, 6)]
+    policy = AutoPolicy(WORKERS, BATCH, segment=40)
+    assert decide(policy, 40, trace(stalls=stalls))["to"].startswith("ssp:")
+    bsp_rate = policy.bsp_rate
+    back = decide(policy, 80, trace(stalls=stalls, seed=1), rate=0.5 * bsp_rate)
+    assert back["to"] == "bsp" and "no gain" in back["reason"]
+    for k in range(COOLDOWN):  # stalls still there, but no relaxed trial while cooling down
+        assert decide(policy, 120 + 40 * k, trace(stalls=stalls, seed=2 + k)) is None
+    assert decide(policy, 400, trace(stalls=stalls, seed=9))["to"].startswith("ssp:")
+
+
+def test_ssp_goes_back_when_stalls_disappear():
+    stalls = [(s, s % 3, 5.0, 2) for s in range(0, 40, 6)]
+    policy = AutoPolicy(WORKERS, BATCH, segment=40)
+    decide(policy, 40, trace(stalls=stalls))
+    back = decide(policy, 80, trace(seed=3), rate=2 * policy.bsp_rate)
+    assert back["to"] == "bsp" and back["reason"] == "stalls gone"
+
+
+def test_guard_diverging_and_stalling_loss():
+    bsp = loss_figures(*reversed(falling_losses(1)))
+    previous = loss_figures(*reversed(falling_losses(41)))
+    # the relaxed segment keeps BSP's rate: fine
+    same_rate = loss_figures(*reversed(falling_losses(81)))
+    assert guard(bsp, previous, same_rate) is None
+    # 5 % above the previous segment: diverges
+    up = loss_figures(list(range(81, 121)), [previous["mean"] * 1.05] * 40)
+    assert guard(bsp, previous, up).startswith("loss diverges")
+    # flat where BSP fell 0.4 over the same distance: stalls
+    flat = loss_figures(list(range(81, 121)), [previous["mean"] - 0.01] * 40)
+    assert guard(bsp, previous, flat).startswith("loss stalls")
+    assert guard(None, previous, flat) is None
+
+
+def test_guard_sends_ssp_back_to_bsp():
+    stalls = [(s, s % 3, 5.0, 2) for s in range(0, 40, 6)]
+    policy = AutoPolicy(WORKERS, BATCH, segment=40)
+    decide(policy, 40, trace(stalls=stalls))
+    steps = list(range(41, 81))
+    back = decide(policy, 80, trace(stalls=stalls, seed=1), losses=([6.0] * 40, steps),
+                  rate=2 * policy.bsp_rate)
+    assert back["to"] == "bsp" and back["reason"].startswith("guard: loss diverges")
+
+
+def test_state_round_trip():
+    policy = AutoPolicy(WORKERS, BATCH, segment=40)
+    for step in (40, 80):
+        decide(policy, step, trace(per_sample=(1e-3, 1e-3, 2e-3)))
+    other = AutoPolicy(WORKERS, BATCH, segment=40)
+    other.load(policy.state())
+    assert other.state() == policy.state() and other.consistency == "balanced"
+
+
+def test_analyze_checks_shapes():
+    with pytest.raises(ValueError, match="one shape"):
+        analyze(np.ones((3, 2)), np.ones((3, 3)), np.ones((3, 2)))
