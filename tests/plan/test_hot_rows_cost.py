@@ -120,3 +120,20 @@ def test_the_plan_records_and_shows_the_decision():
     with pytest.raises(ConfigError, match="hot_rows.min_nodes must be an int >= 0"):
         Plan.from_dict({**plan.to_dict(), "variables": [
             {**plan.variables["emb"].to_dict(), "hot_rows": {"min_nodes": -2}}]})
+
+
+def test_a_plan_file_sets_hot_rows_per_variable():
+    from hpcpax.app.build import hot_rows_requests
+    from hpcpax.app.config import normalize_plan
+    from hpcpax.errors import ConfigError
+
+    plan = normalize_plan({"a": {"method": "ps", "hot_rows": 0}, "b": {"hot_rows": "off"},
+                           "c": {"hot_rows": 3}, "d": {"method": "allgather", "hot_rows": 3},
+                           "e": {}})
+    got = hot_rows_requests(plan, "auto")
+    assert sorted(got) == ["a", "b", "c"]
+    assert got["a"]["min_nodes"] == got["b"]["min_nodes"] == 0 and got["c"]["min_nodes"] == 3
+    assert {n: e["min_nodes"] for n, e in hot_rows_requests(plan, "off").items()} == {
+        "a": 0, "b": 0, "c": 0, "e": 0}
+    with pytest.raises(ConfigError, match=r"plan\['a'\].hot_rows must be 'off', an int >= 0"):
+        hot_rows_requests(normalize_plan({"a": {"hot_rows": "sometimes"}}), "auto")
