@@ -70,7 +70,8 @@ def one_step(ps, name, kind, worker, step, args, cdf, topo=None, ids=None):
 
 def byte_pass(topo, args, cdf, kind, hot):
     """Owner egress/ingress and relay bytes of ``args.steps`` steps, summed over ranks."""
-    spec = SparseVariableSpec("emb", args.rows, args.dim, partitioning=args.partitioning)
+    spec = SparseVariableSpec("emb", args.rows, args.dim, partitioning=args.partitioning,
+                              num_partitions=args.partitions)
     ps = ParameterServer(topo, seed=1, hot_rows=args.min_nodes if hot else 0)
     topo.accounting.reset()
     if topo.is_server:
@@ -104,6 +105,11 @@ def main():
                         help="hot_rows of the trees runs: nodes a row needs to be hot")
     parser.add_argument("--partitioning", default="mod", choices=("mod", "range"),
                         help="range puts the Zipf head on one owner (a hot partition)")
+    parser.add_argument("--partitions", type=int, default=None,
+                        help="partitions of the table (default: one per server); 1 puts every "
+                             "row on one owner, whose link is then the bottleneck")
+    parser.add_argument("--chunks", type=int, default=1,
+                        help="HPCPAX_HOT_ROWS_CHUNKS of the trees runs (pipelined chains)")
     parser.add_argument("--links", default="virtual nodes on one shared host (no shaped links)",
                         help="what the nodes and links are, for the report")
     parser.add_argument("--quick", action="store_true")
@@ -112,15 +118,18 @@ def main():
         args.rows, args.dim, args.ids, args.steps, args.repeats = 5000, 16, 512, 2, 3
         args.min_nodes = 2
         hpcpax.options.hot_rows_min_bytes = 0
+    hpcpax.options.hot_rows_chunks = args.chunks  # only the trees runs have hot rows on
     topo = hpcpax.init()
     cdf = _common.zipf_cdf(args.rows, 1.1)
     result = {"benchmark": "hot_rows", "ranks": topo.size, "servers": len(topo.server_ranks),
               "nodes": topo.num_nodes, "rows": args.rows, "dim": args.dim,
-              "partitioning": args.partitioning,
+              "partitioning": args.partitioning, "partitions": args.partitions,
               "ids_per_worker": args.ids, "zipf_s": 1.1, "min_nodes": args.min_nodes,
               "min_bytes": hpcpax.options.hot_rows_min_bytes, "plan": "ps",
               "methods": {"today": "ps, local aggregation, hot_rows=0",
-                          "trees": f"ps, local aggregation, hot_rows={args.min_nodes}"},
+                          "trees": f"ps, local aggregation, hot_rows={args.min_nodes}, "
+                                   f"chunks={args.chunks}"},
+              "chunks": args.chunks,
               "links": args.links}
     bytes_ = {f"{kind}_{mode}": byte_pass(topo, args, cdf, kind, mode == "trees")
               for kind in ("zipf", "zipf_hot", "uniform") for mode in ("today", "trees")}
@@ -150,7 +159,8 @@ def timing(topo, args, cdf):
     """Median and spread of step seconds, modes interleaved; on every rank."""
     kinds = ("zipf", "zipf_hot", "uniform")
     names = [f"{kind}_{mode}" for kind in kinds for mode in ("today", "trees")]
-    specs = [SparseVariableSpec(name, args.rows, args.dim, partitioning=args.partitioning)
+    specs = [SparseVariableSpec(name, args.rows, args.dim, partitioning=args.partitioning,
+                                num_partitions=args.partitions)
              for name in names]  # one table per mode: a pull without trees pauses its table's
     ps = ParameterServer(topo, seed=1, hot_rows={name: args.min_nodes * name.endswith("trees")
                                                  for name in names})  # classification

@@ -163,6 +163,9 @@ OPTIONS = (
     Option("hot_rows_min_bytes", _integer(0), 16384,
            "hot rows: a group of rows takes a tree only when the owner bytes it saves "
            "reach this (the price of the extra rounds' latency)"),
+    Option("hot_rows_chunks", _integer(1), 1,
+           "hot rows: cut each group into this many chunks that follow each other down "
+           "its chain (pipelining; 1: store and forward, binomial trees above 3 nodes)"),
 )
 _BY_NAME = {option.name: option for option in OPTIONS}
 

@@ -114,6 +114,21 @@ def plan_requests(spec, names) -> tuple:
     return None, {name: plan.get(name, {"method": "ps"}) for name in names}
 
 
+def hot_rows_requests(requests, setting) -> dict:
+    """``{name: hot-rows entry}`` a plan file gives, every ``ps`` variable off for ``off``.
+
+    Local. Raises :class:`ConfigError` for a bad entry (the same on every rank).
+    """
+    from ..plan.plan import check_hot_rows
+
+    off = {"min_nodes": 0, "min_saved_bytes": [], "reason": "hot rows: off (--hot-rows off)"}
+    return {name: off if setting == "off" else check_hot_rows(r["hot_rows"],
+                                                              f"plan[{name!r}].hot_rows")
+            for name, r in requests.items()
+            if (r.get("method") or "ps") == "ps"
+            and (setting == "off" or r.get("hot_rows") is not None)}
+
+
 def sparse_specs(model, config) -> list:
     """The model's sparse variables as :class:`~hpcpax.ps.spec.SparseVariableSpec` s. Local."""
     from ..ps.spec import SparseVariableSpec

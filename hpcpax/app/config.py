@@ -87,6 +87,8 @@ FLAGS = (
     Flag("plan", "plan", "auto", "auto (measure, then the cost model decides), hybrid "
          "(measure, then Parallax's rule), ps, allgather, allreduce (every sparse variable "
          "so), or a JSON plan file (a saved plan.json or {name: {method, partitions}})"),
+    Flag("hot_rows", "str", "auto", "auto (the plan's cost model decides per ps variable if "
+         "rows many nodes touch take trees) or off", ("auto", "off")),
     Flag("plan_steps", "int", 5, "auto/hybrid: steps measured before the plan is made",
          minimum=1),
     Flag("fabric_seconds", "float", 0.5, "auto/hybrid: time budget of the start-up fabric "
@@ -242,14 +244,9 @@ def _check_value(flag: Flag, value, where: str):
 
 
 def normalize_plan(plan: dict, where: str = "plan") -> dict:
-    """A per-variable plan table checked: ``{name: {"method", "partitions", "owners",
-    "local_aggregation"}}`` (None where not given), methods named as in
-    :data:`hpcpax.sync.METHODS`.
-
-    Also accepts a :class:`hpcpax.plan.Plan` JSON dict (``{"variables": [...]}``,
-    what ``plan.json`` holds); dense variables in it are ignored (they always
-    go through the allreduce).
-    """
+    """Check a per-variable plan table (or a :class:`hpcpax.plan.Plan` JSON dict, whose dense
+    variables are ignored): ``{name: {"method", "partitions", "owners", "local_aggregation"}}``
+    with None where not given (and a ``ps`` entry's ``hot_rows``, checked at build)."""
     if "variables" in plan and isinstance(plan["variables"], (list, dict)):
         entries = plan["variables"]
         if isinstance(entries, list):
@@ -262,7 +259,7 @@ def normalize_plan(plan: dict, where: str = "plan") -> dict:
             raise ConfigError(f"{where}[{name!r}] must be a table, not {type(entry).__name__}")
         unknown = set(entry) - {"method", "partitions", "owners", "kind", "name", "shape",
                                 "dtype", "local_aggregation", "wire_dtype", "predicted_s",
-                                "facts", "reason"}
+                                "facts", "reason", "hot_rows"}
         if unknown:
             raise ConfigError(f"{where}[{name!r}]: unknown key {sorted(unknown)[0]!r}")
         method = entry.get("method", "ps")
@@ -289,6 +286,8 @@ def normalize_plan(plan: dict, where: str = "plan") -> dict:
                               f"not {local!r}")
         out[str(name)] = {"method": method, "partitions": partitions if method == "ps" else None,
                           "owners": owners, "local_aggregation": local if method == "ps" else None}
+        if entry.get("hot_rows") is not None and method == "ps":  # see build.hot_rows_requests
+            out[str(name)]["hot_rows"] = entry["hot_rows"]
     return out
 
 

@@ -200,6 +200,7 @@ class Trainer:
         self.ps.memory_budget = parse_bytes(config["server_memory_budget"],
                                             "server_memory_budget")
         self.sync = SparseSync(topo, self.ps, specs, requests, seed=config["seed"])
+        self.ps.set_hot_rows(build.hot_rows_requests(requests, config["hot_rows"]))
         self.dense, self.optimizer, self.dense_state, self.allreduce = build.dense_variables(
             topo, self.model, config, self.device.xp)
         self.planning = PlanController(self, mode, label=spec if isinstance(spec, str)
@@ -208,7 +209,7 @@ class Trainer:
         self.commands = CommandChannel(topo, self.ps, {
             **self.checkpoints.handlers(self.sync, self.dense, self.dense_state,
                                         self.optimizer, self.device.xp),
-            "switch": self.sync.switch, "stop": self._stop,
+            "switch": self.sync.switch, "stop": self._stop, "hot_rows": self.ps.set_hot_rows,
             "tables": lambda: table_report(topo.comm, self.ps)})
         self.relaxed = auto_run.setup(self)  # stragglers; relaxed server / auto if asked
         self.runtime = RunTime(self)  # balanced BSP (--batch-shares), timeline (--trace)

@@ -28,6 +28,7 @@ from collections.abc import Mapping
 from ..errors import ConfigError
 from ..ps.memory import replicable
 from .cost_model import ClusterShape, CostParams, VarSpec, choose, predict
+from .hot_rows_cost import plan_entry
 from .plan import Plan, VariablePlan, assign_owners
 
 __all__ = ["MODES", "make_plan", "should_switch", "partition_bytes"]
@@ -56,7 +57,7 @@ def _partitions_for(name, partitions, default):
 
 def make_plan(variables, mode: str, topology, fabric, partitions=None,
               params: CostParams | None = None, measurements: dict | None = None,
-              search: dict | None = None, correction=None) -> Plan:
+              search: dict | None = None, correction=None, hot_rows="auto") -> Plan:
     """A plan for ``variables`` under ``mode``.
 
     Args:
@@ -78,6 +79,9 @@ def make_plan(variables, mode: str, topology, fabric, partitions=None,
             :func:`~hpcpax.plan.learned.load_correction`'s ``(correction,
             why)``) applied to ``auto``'s predictions; the plan's
             ``search["cost_model"]`` says whether it was used and why.
+        hot_rows: ``"auto"`` (the cost model of
+            :mod:`hpcpax.plan.hot_rows_cost` decides per ``ps`` variable),
+            ``"off"``, an int (the fixed rule), or ``{name: one of these}``.
 
     Raises:
         ConfigError: unknown mode, duplicate name, or bad partitions.
@@ -140,7 +144,7 @@ def make_plan(variables, mode: str, topology, fabric, partitions=None,
             name=spec.name, kind=spec.kind, shape=spec.shape, dtype=spec.dtype, method=method,
             partitions=parts, owners=owners[lo:hi], local_aggregation=local, wire_dtype=None,
             predicted_s=predicted, reason=reason,
-        )
+            hot_rows=plan_entry(spec, method, shape, fabric, hot_rows))
     fabric_dict = fabric if isinstance(fabric, Mapping) or fabric is None else fabric.to_dict()
     measured = dict(measurements or {})
     for spec in specs:

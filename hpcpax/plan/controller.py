@@ -200,7 +200,7 @@ class PlanController:
         if trainer.is_leader:
             plan = make_plan(self._variables(measured), self.mode, self._shape(),
                              self.fabric, measurements=measured, search=self.search,
-                             correction=load_correction())
+                             correction=load_correction(), hot_rows=self._hot_rows_setting())
             text = plan.to_json()
         plan = Plan.from_json(topo.workers.bcast(text, root=0))
         check_same(topo.workers, "plan", {"fingerprint": plan.fingerprint()})
@@ -245,6 +245,20 @@ class PlanController:
             if entry.partitions != var.partitions or (owners is not None and owners != var.owners):
                 trainer.repartition(name, entry.partitions, owners)
             var.set_local_aggregation(entry.local_aggregation)
+        hot = {name: entry.hot_rows for name, entry in plan.variables.items()
+               if entry.method == "ps" and entry.hot_rows is not None
+               and name in trainer.sync.variables
+               and trainer.ps.hot_rows_of(name) != entry.hot_rows}
+        if hot:  # the servers classify too: every rank takes the decision
+            trainer.commands.run("hot_rows", settings=hot)
+
+    def _hot_rows_setting(self):
+        """``make_plan``'s ``hot_rows``: off, the fixed rule of ``HPCPAX_HOT_ROWS``, or auto."""
+        from ..options import options
+
+        if self.trainer.config.get("hot_rows") == "off":
+            return "off"
+        return options.hot_rows if options.hot_rows >= 2 else "auto"
 
     def current_plan(self):
         """The plan in force now: every variable as it is, with this controller's evidence.
@@ -267,7 +281,8 @@ class PlanController:
                 dtype=str(var.spec.dtype), method=now["method"], partitions=now["partitions"],
                 owners=now["owners"], local_aggregation=now["local_aggregation"],
                 predicted_s=prior.predicted_s if same else None,
-                reason=prior.reason if same else f"plan {self.label}")
+                reason=prior.reason if same else f"plan {self.label}",
+                hot_rows=trainer.ps.hot_rows_of(name) if now["method"] == "ps" else None)
         for name, param in trainer.dense.items():
             prior = made.get(name)
             variables[name] = VariablePlan(

@@ -26,7 +26,8 @@ from ..errors import ConfigError
 from ..ps.placement import assign_owners
 from ..sync import METHODS
 
-__all__ = ["METHODS", "KINDS", "VariablePlan", "Plan", "assign_owners", "PLAN_FORMAT"]
+__all__ = ["METHODS", "KINDS", "VariablePlan", "Plan", "assign_owners", "PLAN_FORMAT",
+           "check_hot_rows"]
 
 
 KINDS = ("dense", "sparse")
@@ -64,6 +65,49 @@ def _plain(value, where: str):
     raise TypeError(f"{where} must be JSON data, not {type(value).__name__}")
 
 
+def check_hot_rows(value, where: str = "hot_rows") -> dict:
+    """A checked hot-rows entry: ``{"min_nodes", "min_saved_bytes", "reason"}``.
+
+    Accepts such a dict (a saved plan's), ``"off"`` or an int ``m`` (0: off;
+    else the fixed rule for groups of ``>= m`` nodes). Not collective.
+
+    Raises:
+        ConfigError: anything else; the message starts with ``where``.
+    """
+    if value == "off" or (isinstance(value, int) and not isinstance(value, bool)):
+        nodes = 0 if value == "off" else value
+        if nodes < 0:
+            raise ConfigError(f"{where} must be 'off', an int >= 0 or an object, not {value!r}")
+        return {"min_nodes": 0 if nodes < 2 else nodes, "min_saved_bytes": [],
+                "reason": "hot rows: off (given)" if nodes < 2 else
+                f"hot rows: given, groups of >= {nodes} nodes"}
+    if not isinstance(value, dict):
+        raise ConfigError(f"{where} must be 'off', an int >= 0 or an object, "
+                          f"not {type(value).__name__}")
+    unknown = sorted(set(value) - {"min_nodes", "min_saved_bytes", "reason"})
+    if unknown:
+        raise ConfigError(f"{where} has unknown keys {unknown}")
+    nodes = value.get("min_nodes", 0)
+    if isinstance(nodes, bool) or not isinstance(nodes, int) or nodes < 0:
+        raise ConfigError(f"{where}.min_nodes must be an int >= 0, not {nodes!r}")
+    table = value.get("min_saved_bytes", [])
+    if not isinstance(table, list) or not all(
+            b is None or (isinstance(b, int) and not isinstance(b, bool) and b >= 0)
+            for b in table):
+        raise ConfigError(f"{where}.min_saved_bytes must be a list of ints >= 0 or null, "
+                          f"not {table!r}")
+    reason = value.get("reason", "")
+    if not isinstance(reason, str):
+        raise ConfigError(f"{where}.reason must be a str, not {type(reason).__name__}")
+    return {"min_nodes": int(nodes), "min_saved_bytes": list(table), "reason": reason}
+
+
+def _hot_cell(value) -> str:
+    if value is None:
+        return "-"
+    return f">={value['min_nodes']} nodes" if value["min_nodes"] else "off"
+
+
 @dataclass
 class VariablePlan:
     """How one variable is synchronized.
@@ -82,6 +126,10 @@ class VariablePlan:
         wire_dtype: dtype on the wire, or ``None`` for ``dtype``.
         predicted_s: predicted communication seconds per step, or ``None``.
         reason: one line saying why this method was chosen.
+        hot_rows: ``ps`` only: the hot-rows decision
+            (:func:`hpcpax.plan.hot_rows_cost.decide`: ``min_nodes``, 0 off;
+            ``min_saved_bytes`` per group size; ``reason``), or ``None``
+            (not decided: ``HPCPAX_HOT_ROWS`` applies).
 
     Raises:
         ConfigError: a field is invalid; the message names the variable and
@@ -99,6 +147,7 @@ class VariablePlan:
     wire_dtype: str | None = None
     predicted_s: float | None = None
     reason: str = ""
+    hot_rows: dict | None = None
 
     def __post_init__(self):
         def bad(field_name, message):
@@ -145,6 +194,9 @@ class VariablePlan:
                 raise bad("predicted_s", f"must be a finite number >= 0, not {self.predicted_s}")
         if not isinstance(self.reason, str):
             raise bad("reason", f"must be a str, not {type(self.reason).__name__}")
+        if self.hot_rows is not None:
+            self.hot_rows = check_hot_rows(self.hot_rows,
+                                           f"plan variable {self.name!r}: hot_rows")
 
     def to_dict(self) -> dict:
         """JSON-native dict of this variable's plan."""
@@ -160,6 +212,7 @@ class VariablePlan:
             "wire_dtype": self.wire_dtype,
             "predicted_s": self.predicted_s,
             "reason": self.reason,
+            **({} if self.hot_rows is None else {"hot_rows": dict(self.hot_rows)}),
         }
 
     @classmethod
@@ -172,7 +225,8 @@ class VariablePlan:
         for key in required:
             if key not in data:
                 raise ConfigError(f"plan variable {name!r}: field {key!r} is missing")
-        known = set(required) | {"partitions", "owners", "local_aggregation", "wire_dtype", "predicted_s", "reason"}
+        known = set(required) | {"partitions", "owners", "local_aggregation", "wire_dtype",
+                                 "predicted_s", "reason", "hot_rows"}
         unknown = sorted(set(data) - known)
         if unknown:
             raise ConfigError(f"plan variable {name!r}: unknown fields {unknown}")
@@ -311,6 +365,8 @@ class Plan:
         decisions = [
             [v.name, v.kind, list(v.shape), v.dtype, v.method, v.partitions,
              list(v.owners), v.local_aggregation, v.wire_dtype]
+            + ([] if v.hot_rows is None else [v.hot_rows["min_nodes"],
+                                               v.hot_rows["min_saved_bytes"]])
             for v in self.variables.values()
         ]
         text = json.dumps(decisions, separators=(",", ":"))
@@ -326,21 +382,21 @@ class Plan:
     def table(self) -> str:
         """Aligned text table of the plan, for rank 0 to print."""
         header = ["variable", "kind", "shape", "method", "parts", "local agg",
-                  "wire dtype", "pred ms/step", "reason"]
+                  "wire dtype", "hot rows", "pred ms/step", "reason"]
         rows = []
         for v in self.variables.values():
             rows.append([
                 v.name, v.kind, "x".join(str(d) for d in v.shape) or "()", v.method,
                 str(v.partitions), "yes" if v.local_aggregation else "no",
-                v.wire_dtype or v.dtype,
+                v.wire_dtype or v.dtype, _hot_cell(v.hot_rows),
                 "-" if v.predicted_s is None else f"{v.predicted_s * 1e3:.3f}",
                 v.reason,
             ])
         total = self.total_predicted_s()
         if total is not None:
-            rows.append(["total", "", "", "", "", "", "", f"{total * 1e3:.3f}", ""])
+            rows.append(["total", "", "", "", "", "", "", "", f"{total * 1e3:.3f}", ""])
         widths = [max(len(r[i]) for r in [header] + rows) for i in range(len(header))]
-        numeric = {4, 7}
+        numeric = {4, 8}
 
         def line(cells):
             parts = [c.rjust(w) if i in numeric else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths))]

@@ -30,6 +30,11 @@ price of the added rounds) takes a tree; the other rows move as before.
   partials are kept in the variable's dtype, as the owner's sum is).
   ``|S|`` rounds: a chain, not a binomial tree, because only the chain
   keeps the left-to-right order; a balanced tree would round differently.
+- **Pipelining** (``HPCPAX_HOT_ROWS_CHUNKS=c > 1``): every group takes a
+  chain and its rows go in ``c`` chunks, chunk ``j`` ``j`` rounds behind
+  chunk 0, so a member forwards one chunk while the next arrives:
+  ``|S| + c - 1`` rounds of ``1/c`` of the bytes. Each row keeps its path
+  and order, so results stay bitwise today's.
 
 Every round is one ``Alltoall`` of counts and one ``Alltoallv`` over
 ``topology.comm``; the number of rounds is agreed by one ``Allreduce``.
@@ -47,6 +52,7 @@ import numpy as np
 from ..backend import to_host
 from ..comm.exchange import alltoallv_many, exchange_counts_many
 from ..options import options
+from .hot_groups import classify
 
 __all__ = ["HotRows", "classify", "pull_reply", "push_chain"]
 
@@ -74,6 +80,8 @@ class HotRows:
                 raise ValueError(f"hot_rows must be an int >= 0, not {v!r}")
         self.setting = setting
         self._min_bytes = min_bytes
+        self._thresholds, self._default = {}, None  # set by a plan: per variable, per k
+        self.entries = {}  # name -> the plan's entry given to set()
         self._wait = {}  # names -> pulls left before the next classification
         self._chose = {}  # name -> whether its last classified pull chose a tree
 
@@ -81,6 +89,28 @@ class HotRows:
     def min_bytes(self) -> int:
         """Owner bytes a group must save to take a tree."""
         return options.hot_rows_min_bytes if self._min_bytes is None else int(self._min_bytes)
+
+    def set(self, name, entry) -> None:
+        """Set variable ``name``'s choice, a plan's entry; local, the same on every rank.
+
+        ``entry``: ``{"min_nodes": m (0: off), "min_saved_bytes": [] (the
+        :attr:`min_bytes` rule) or a list indexed by a group's member count
+        (None: never a tree), "reason": str}``.
+        """
+        m = entry["min_nodes"]
+        if isinstance(m, bool) or not isinstance(m, int) or m < 0:
+            raise ValueError(f"min_nodes must be an int >= 0, not {m!r}")
+        if not isinstance(self.setting, dict):
+            self.setting, self._default = {}, self.setting
+        self.setting = {**self.setting, name: int(m)}
+        self._thresholds[name] = list(entry.get("min_saved_bytes") or []) or None
+        self.entries[name] = dict(entry)
+        self._wait = {k: v for k, v in self._wait.items() if name not in k}
+
+    def thresholds(self, name):
+        """Saved owner bytes a group must reach: an int, or a list indexed by members."""
+        table = self._thresholds.get(name)
+        return self.min_bytes if table is None else table
 
     def classify_pull(self, names) -> bool:
         """Whether this pull of ``names`` classifies its rows (a tree is possible).
@@ -111,69 +141,14 @@ class HotRows:
 
     def min_nodes(self, name) -> int:
         """Sources a row needs to be hot for variable ``name`` (0: off)."""
-        value = self.setting.get(name) if isinstance(self.setting, dict) else self.setting
+        value = (self.setting.get(name, self._default) if isinstance(self.setting, dict)
+                 else self.setting)
         value = options.hot_rows if value is None else value
         return 0 if value < 2 else int(value)
 
 
-def classify(ids, counts, min_nodes, min_bytes, row_bytes, rounds_of):
-    """Group an owner's received ids by their set of sources; choose trees.
-
-    Not collective.
-
-    Args:
-        ids: int64 ids as received, concatenated by source rank.
-        counts: rows received from each source rank.
-        min_nodes, min_bytes, row_bytes: the choice (see the module).
-        rounds_of: rounds a tree over ``k`` members takes.
-
-    Returns:
-        ``(group, groups, rounds)``: per received id the index of its group
-        in ``groups`` or -1 (moves as today); ``groups`` a list of
-        ``(members, unique ids)`` (ascending ranks, ascending ids); the most
-        rounds a chosen group needs (0: none chosen).
-    """
-    group = np.full(len(ids), -1, np.int64)
-    if min_nodes < 2 or len(ids) == 0:
-        return group, [], 0
-    size = len(counts)
-    src = np.repeat(np.arange(size, dtype=np.int64), counts)
-    unique, inverse = np.unique(ids, return_inverse=True)
-    inverse = inverse.reshape(-1)
-    sources = np.bincount(inverse, minlength=len(unique))
-    if len(np.unique(inverse * size + src)) != len(ids):
-        return group, [], 0  # a source sent an id twice: leave everything as it is
-    candidates = np.flatnonzero(sources >= min_nodes)
-    if len(candidates) == 0:
-        return group, [], 0
-    words = (size + 62) // 63
-    masks = np.zeros((len(unique), words), np.int64)
-    for w in range(words):
-        sel = src // 63 == w
-        np.bitwise_or.at(masks[:, w], inverse[sel], np.left_shift(np.int64(1), src[sel] % 63))
-    keys, key_of = np.unique(masks[candidates], axis=0, return_inverse=True)
-    key_of = key_of.reshape(-1)
-    group_of_unique = np.full(len(unique), -1, np.int64)
-    groups, rounds = [], 0
-    for g, key in enumerate(keys):
-        members = np.array([63 * w + b for w in range(words) for b in range(63)
-                            if (int(key[w]) >> b) & 1], np.int64)
-        rows = candidates[key_of == g]
-        if (len(members) - 1) * len(rows) * row_bytes < min_bytes:
-            continue
-        group_of_unique[rows] = len(groups)
-        groups.append((members, unique[rows]))
-        rounds = max(rounds, rounds_of(len(members)))
-    group[:] = group_of_unique[inverse]
-    return group, groups, rounds
-
-
 def _binomial_rounds(k) -> int:
     return 1 + int(np.ceil(np.log2(k))) if k > 1 else 1
-
-
-def _chain_rounds(k) -> int:
-    return int(k)
 
 
 def _agree_rounds(comm, rounds) -> int:
@@ -225,42 +200,50 @@ def pull_reply(topology, variables, hop, wanted, policy, gather) -> tuple:
     """
     comm, acct, me = topology.comm, topology.accounting, topology.rank
     rows, groups, rounds = [], [], 0
+    chunks = max(1, options.hot_rows_chunks)
     for k, (var, (ids,)) in enumerate(zip(variables, wanted)):
         rows.append(gather(var, ids))
         g, found, r = classify(ids, hop.recv_counts[:, k], policy.min_nodes(var.spec.name),
-                               policy.min_bytes, var.spec.row_bytes, _binomial_rounds)
+                               policy.thresholds(var.spec.name), var.spec.row_bytes,
+                               _binomial_rounds if chunks == 1 else lambda n: n + chunks - 1)
         groups.append((g, found))
         rounds = max(rounds, r)
     total = _agree_rounds(comm, rounds)
     if total == 0:
         return hop.reply(rows), False
-    held = []  # (k, members, ids, rows, is_root)
+    held = []  # (k, members, ids, rows, is_root, first round, chain)
     node_of = topology.node_of
     for k, (var, (g, found)) in enumerate(zip(variables, groups)):
         for members, ids in found:
-            order = _tree_order(members, node_of, me)
-            held.append((k, np.array(order, np.int64), ids, gather(var, ids), True))
+            chain = len(members) <= 3 or chunks > 1
+            order = _tree_order(members, node_of, me, chain)
+            got = gather(var, ids)
+            for j, part in enumerate(np.array_split(np.arange(len(ids)), min(chunks, len(ids)))):
+                held.append((k, order, ids[part], got[part], True, j, chain))
     hot = [[] for _ in variables]
     cold = [None] * len(variables)
     for r in range(total):
         slots = []
         for k, var in enumerate(variables):
-            meta, data = {}, {}
-            for hk, members, ids, hrows, root in held:
+            sends = {True: ({}, {}), False: ({}, {})}  # root's and relays' (meta, data)
+            for hk, members, ids, hrows, root, first, chain in held:
                 if hk != k:
                     continue
-                for dest in _children(members, me, r, root):
-                    meta.setdefault(dest, []).append(
-                        np.concatenate([[me, len(members)], members, [len(ids)]]).astype(np.int64))
+                meta, data = sends[root or chunks == 1]
+                for dest in _children(members, me, r - first, root, chain):
+                    meta.setdefault(dest, []).append(np.concatenate(
+                        [[me, len(members)], members, [len(ids), first, chain]]).astype(np.int64))
                     data.setdefault(dest, []).append((ids, hrows))
-            phase = "pull" if r == 0 else RELAY
             likes_meta = [np.zeros(0, np.int64)]
             likes_data = [np.zeros(0, np.int64), np.zeros((0, var.spec.dim), var.spec.dtype)]
-            slots.append((phase, var.spec.name, likes_meta,
-                          {d: [np.concatenate(m)] for d, m in meta.items()}))
-            slots.append((phase, var.spec.name, likes_data,
-                          {d: [np.concatenate([i for i, _ in v]),
-                               np.concatenate([x for _, x in v])] for d, v in data.items()}))
+            for root in (True, False)[:1 if chunks == 1 else 2]:
+                meta, data = sends[root]
+                phase = "pull" if (r == 0 if chunks == 1 else root) else RELAY
+                slots.append((phase, var.spec.name, likes_meta,
+                              {d: [np.concatenate(m)] for d, m in meta.items()}))
+                slots.append((phase, var.spec.name, likes_data,
+                              {d: [np.concatenate([i for i, _ in v]),
+                                   np.concatenate([x for _, x in v])] for d, v in data.items()}))
             if r == 0:
                 g = groups[k][0]
                 keep = g < 0
@@ -269,37 +252,38 @@ def pull_reply(topology, variables, hop, wanted, policy, gather) -> tuple:
                               {int(d): [rows[k][keep & (src == d)]]
                                for d in np.unique(src[keep])}))
         out = _round(comm, acct, slots)
-        per = 3 if r == 0 else 2
+        pairs = 1 if chunks == 1 else 2
+        per = 2 * pairs + (r == 0)
         for k in range(len(variables)):
             got = out[k * per:(k + 1) * per]
-            _receive(held, hot[k], k, got[0][0], got[1])
+            for p in range(pairs):
+                _receive(held, hot[k], k, got[2 * p][0], got[2 * p + 1])
             if r == 0:
-                cold[k] = got[2][0]
+                cold[k] = got[-1][0]
     return [_assemble(hop, k, hot[k], cold[k], var) for k, var in enumerate(variables)], True
 
 
-def _tree_order(members, node_of, owner):
+def _tree_order(members, node_of, owner, chain):
     """Members in tree order: a chain starts on the owner's node (one intra-node
     copy, then one copy leaves it); a binomial tree starts off it (its first
     member forwards ``log2 k`` copies over its own link, not the owner's)."""
     local = (node_of[members] == node_of[owner]).tolist()
-    chain = len(members) <= 3
     keys = [(is_local != chain, int(m)) for is_local, m in zip(local, members)]
     return np.array([m for _, m in sorted(keys)], np.int64)
 
 
-def _children(members, me, r, root):
-    """Who I send a group to in round ``r`` (root: the owner; else a member).
+def _children(members, me, r, root, chain):
+    """Who I send a group (or a chunk of it) to in its round ``r`` (root: the owner).
 
-    Up to 3 members a chain (every node forwards once, as many rounds as
-    the binomial tree), else a binomial tree.
+    A chain (every node forwards once) or a binomial tree; ``r`` counts
+    from the chunk's first round.
     """
     if root:
         return [int(members[0])] if r == 0 else []
-    if r == 0:
+    if r <= 0:
         return []
     i = int(np.flatnonzero(members == me)[0])
-    if len(members) <= 3:
+    if chain:
         return [int(members[i + 1])] if r == i + 1 and i + 1 < len(members) else []
     step = 1 << (r - 1)
     return [int(members[i + step])] if i < step and i + step < len(members) else []
@@ -312,12 +296,12 @@ def _receive(held, hot, k, meta, data):
     while pos < len(meta):
         n_members = int(meta[pos + 1])
         members = meta[pos + 2:pos + 2 + n_members]
-        n = int(meta[pos + 2 + n_members])
-        pos += 3 + n_members
+        n, first, chain = (int(x) for x in meta[pos + 2 + n_members:pos + 5 + n_members])
+        pos += 5 + n_members
         ids, rows = ids_all[at:at + n], rows_all[at:at + n]
         at += n
         hot.append((ids, rows))
-        held.append((k, members, ids, rows, False))
+        held.append((k, members, ids, rows, False, first, bool(chain)))
 
 
 def _assemble(hop, k, hot, cold, var):
@@ -347,17 +331,21 @@ def push_chain(topology, variables, hop, ids, values, policy, apply) -> None:
     comm, acct, size = topology.comm, topology.accounting, topology.comm.Get_size()
     wanted = hop.send()
     codes, cold_masks, rounds = [], [], 0
+    chunks = max(1, options.hot_rows_chunks)
     for k, (var, (got,)) in enumerate(zip(variables, wanted)):
         g, found, r = classify(got, hop.recv_counts[:, k], policy.min_nodes(var.spec.name),
-                               policy.min_bytes, var.spec.row_bytes, _chain_rounds)
+                               policy.thresholds(var.spec.name), var.spec.row_bytes,
+                               lambda n: n + chunks - 1)
         src = np.repeat(np.arange(size, dtype=np.int64), hop.recv_counts[:, k])
         code = np.full(len(got), -1, np.int64)
-        for index, (members, _) in enumerate(found):
+        for index, (members, unique) in enumerate(found):
             sel = np.flatnonzero(g == index)
             position = np.searchsorted(members, src[sel])
             last = position == len(members) - 1
             nxt = np.append(members, topology.rank)[position + 1]
-            code[sel] = (2 * position + last) * size + nxt
+            # chunk c of the group's rows runs c rounds behind chunk 0 (pipelining)
+            chunk = np.searchsorted(unique, got[sel]) * min(chunks, len(unique)) // len(unique)
+            code[sel] = ((2 * (position + chunk) + last) * 2 + (position == 0)) * size + nxt
         codes.append(code)
         cold_masks.append(g < 0)
         rounds = max(rounds, r)
@@ -377,9 +365,10 @@ def push_chain(topology, variables, hop, ids, values, policy, apply) -> None:
             p_ids, p_values, code, dest_owner = packed[k]
             like = [np.zeros(0, np.int64), np.zeros((0, var.spec.dim), var.spec.dtype)]
             step, nxt = np.divmod(code, size)
-            position, last = np.divmod(step, 2)
-            at = np.flatnonzero((code >= 0) & (position == r))
-            acc = _accumulate(p_ids[at], p_values[at], partial[k], r)
+            step, head = np.divmod(step, 2)
+            when, last = np.divmod(step, 2)
+            at = np.flatnonzero((code >= 0) & (when == r))
+            acc = _accumulate(p_ids[at], p_values[at], partial[k], head[at] == 1)
             at_ids, dest, end = p_ids[at], nxt[at], last[at] == 1
             final = {int(d): [at_ids[end & (dest == d)], acc[end & (dest == d)]]
                      for d in np.unique(dest[end])}
@@ -406,11 +395,12 @@ def push_chain(topology, variables, hop, ids, values, policy, apply) -> None:
         apply(var, all_ids, all_rows)
 
 
-def _accumulate(ids, own, partial, r):
+def _accumulate(ids, own, partial, head):
     """``0 + own`` at a chain's head, else the received partial + own (same dtype)."""
-    if r == 0:
-        return np.zeros_like(own) + own
-    got_ids, got_rows = partial
-    sort = np.argsort(got_ids, kind="stable")
-    where = sort[np.searchsorted(got_ids[sort], ids)]
-    return got_rows[where] + own
+    out = np.zeros_like(own) + own
+    rest = np.flatnonzero(~head)
+    if len(rest):
+        got_ids, got_rows = partial
+        sort = np.argsort(got_ids, kind="stable")
+        out[rest] = got_rows[sort[np.searchsorted(got_ids[sort], ids[rest])]] + own[rest]
+    return out

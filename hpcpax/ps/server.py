@@ -148,6 +148,16 @@ class ParameterServer:
         """
         self._var(name).local_aggregation = None if enabled is None else bool(enabled)
 
+    def set_hot_rows(self, settings) -> None:
+        """Hot rows per variable as a plan decided: ``{name: entry}`` (see
+        :meth:`hpcpax.ps.hot_rows.HotRows.set`); local, the same call on every rank."""
+        for name, entry in settings.items():
+            self._movement.hot.set(name, entry)
+
+    def hot_rows_of(self, name):
+        """The :meth:`set_hot_rows` entry of ``name``, or None (the default applies)."""
+        return self._movement.hot.entries.get(name)
+
     def aggregates(self, name) -> bool:
         """Whether ``name``'s pulls and pushes aggregate per node on this rank."""
         return self._aggregates(self._var(name))

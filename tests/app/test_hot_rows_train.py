@@ -45,3 +45,48 @@ def test_training_with_hot_rows_is_bitwise_today(comm, tmp_path):
     ok &= all("relay" not in r.get("bytes", {})
               for r in read_metrics(os.path.join(base, "today", "metrics.jsonl")))
     assert comm.allreduce(bool(ok), op=MPI.LAND)
+
+
+def relay_bytes(run_dir):
+    return sum(r["bytes"].get("relay", {}).get("sent", 0)
+               for r in read_metrics(os.path.join(run_dir, "metrics.jsonl"))
+               if "step" in r and "bytes" in r)
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.timeout(240)
+def test_the_plan_decides_and_shows_hot_rows(comm, tmp_path):
+    from hpcpax.plan import Plan
+
+    base = comm.bcast(str(tmp_path) if comm.Get_rank() == 0 else None, root=0)
+    today = train(comm, os.path.join(base, "today"))
+    # a plan file turns trees on for one variable: every group of 2 nodes (0 bytes)
+    given = {"min_nodes": 2, "min_saved_bytes": [None, None, 0], "reason": "given"}
+    plan = {"embedding": {"method": "ps", "hot_rows": given}}
+    trainer = Trainer({**TINY, "plan": plan, "run_dir": os.path.join(base, "given")},
+                      comm=comm, collect=True)
+    trainer.run()
+    root = trainer.topology.worker_ranks[0]
+    trees = comm.bcast((trainer.losses, trainer.parameters), root=root)
+    ok = today[0] == trees[0] and all(np.array_equal(today[1][p][k], trees[1][p][k])
+                                      for p in ("dense", "sparse") for k in today[1][p])
+    ok &= relay_bytes(os.path.join(base, "given")) > 0
+    shown = Plan.load(os.path.join(base, "given", "plan.json")).variables
+    ok &= shown["embedding"].hot_rows == given and shown["softmax_w"].hot_rows is None
+    # --hot-rows off wins over HPCPAX_HOT_ROWS
+    hpcpax.options.hot_rows, hpcpax.options.hot_rows_min_bytes = 2, 0
+    try:
+        Trainer({**TINY, "hot_rows": "off", "run_dir": os.path.join(base, "off")},
+                comm=comm).run()
+    finally:
+        del hpcpax.options.hot_rows, hpcpax.options.hot_rows_min_bytes
+    # hybrid: the cost model decides (on 2-4 nodes no tree pays), plan.json shows it
+    Trainer({**TINY, "plan": "hybrid", "plan_steps": 2, "run_dir": os.path.join(base, "auto")},
+            comm=comm).run()
+    ok &= relay_bytes(os.path.join(base, "off")) == 0
+    shown = Plan.load(os.path.join(base, "off", "plan.json")).variables
+    ok &= all(v.hot_rows["min_nodes"] == 0 for v in shown.values() if v.kind == "sparse")
+    shown = Plan.load(os.path.join(base, "auto", "plan.json")).variables
+    ok &= all(v.hot_rows["min_nodes"] == 0 and v.hot_rows["reason"].startswith(
+        f"hot rows off: on {comm.Get_size()} nodes") for v in shown.values() if v.kind == "sparse")
+    assert comm.allreduce(bool(ok), op=MPI.LAND)

@@ -75,13 +75,18 @@ def every_row_hot():
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("la", [True, False])
 @pytest.mark.parametrize("servers,rpn", [(0, None), (0, 1), (1, 2), (0, 2)])
-def test_hot_rows_equal_todays_path(comm, every_row_hot, la, servers, rpn):
+@pytest.mark.parametrize("chunks", [1, 3])
+def test_hot_rows_equal_todays_path(comm, every_row_hot, la, servers, rpn, chunks):
     if servers and servers >= min(rpn or comm.Get_size(), comm.Get_size()):
         pytest.skip("layout leaves a node with no worker")
     topo = hpcpax.init(ranks_per_node=rpn, servers_per_node=servers)
     try:
         today = run(topo, la, 0)
-        trees = run(topo, la, 2, batched=comm.Get_size() != 3)
+        hpcpax.options.hot_rows_chunks = chunks  # pipelined chains: still exact
+        try:
+            trees = run(topo, la, 2, batched=comm.Get_size() != 3)
+        finally:
+            del hpcpax.options.hot_rows_chunks
         ok = True
         for one, two in zip(today[0], trees[0]):
             for name in one:
@@ -96,6 +101,9 @@ def test_hot_rows_equal_todays_path(comm, every_row_hot, la, servers, rpn):
         nodes = {int(topo.node_of[w]) for w in topo.worker_ranks}
         sources = len(nodes) if la else topo.num_workers
         ok &= (relayed > 0) == (sources >= 2)
+        if chunks > 1 and relayed:  # the chunks took more (smaller) rounds than one piece
+            calls = trees[2]["phases"]["relay"]["calls"]
+            ok &= calls > run(topo, la, 2)[2]["phases"]["relay"]["calls"]
         assert comm.allreduce(bool(ok), op=MPI.LAND)
     finally:
         topo.free()
@@ -114,6 +122,25 @@ def test_classify_groups_rows_by_their_sources():
     group, groups, rounds = classify(ids, counts, 2, 16, 8, lambda k: k)
     assert [m.tolist() for m, _ in groups] == [[0, 1, 2]] and rounds == 3
     assert classify(ids, counts, 4, 0, 8, lambda k: k)[2] == 0
+    # a plan's per-k thresholds: groups of 2 never, of 3 from 16 saved bytes
+    group, groups, _ = classify(ids, counts, 2, [None, None, None, 16], 8, lambda k: k)
+    assert [m.tolist() for m, _ in groups] == [[0, 1, 2]]
+    assert group.tolist() == [0, -1, 0, -1, 0, -1]
+    assert classify(ids, counts, 2, [None, None, None, 17], 8, lambda k: k)[2] == 0
+    assert classify(ids, counts, 2, [None, None, 0], 8, lambda k: k)[1][0][0].tolist() == [0, 2]
+
+
+def test_a_plan_sets_one_variable():
+    hot = HotRows(4)
+    hot.set("a", {"min_nodes": 7, "min_saved_bytes": [None] * 7 + [100], "reason": "r"})
+    assert (hot.min_nodes("a"), hot.thresholds("a")) == (7, [None] * 7 + [100])
+    assert hot.entries["a"]["reason"] == "r"
+    assert (hot.min_nodes("b"), hot.thresholds("b")) == (4, hot.min_bytes)  # the rest as before
+    hot.set("b", {"min_nodes": 0, "min_saved_bytes": []})
+    assert hot.min_nodes("b") == 0 and not hot.classify_pull(["b"])
+    assert hot.thresholds("b") == hot.min_bytes
+    with pytest.raises(ValueError, match="min_nodes must be an int >= 0, not -1"):
+        hot.set("a", {"min_nodes": -1})
 
 
 def test_hot_rows_setting_is_checked():
@@ -155,7 +182,7 @@ def expected_bytes(topo, var, uniq, rb):
         out["pull"] += 3 * peers + rb * cold_asked_me
         out["relay"] += 2 * peers * (rounds - 1)
     for (owner, members), rows in groups.items():
-        message = 8 * (3 + len(members)) + len(rows) * (8 + rb)
+        message = 8 * (5 + len(members)) + len(rows) * (8 + rb)
         # a chain (up to 3 members) starts on the owner's node, a binomial tree off it
         chain = len(members) <= 3
         tree = sorted(members, key=lambda m: ((topo.node_of[m] == topo.node_of[owner]) != chain,
