@@ -16,6 +16,7 @@ from hpcpax.errors import MismatchError, SparseIndexError
 from hpcpax import ParameterServer, SparseVariableSpec
 from hpcpax.ps.protocol import MAX_BATCH, batches as _batches
 from hpcpax.ps.sparse_grad import SparseGrad
+from step_data import zipf_grad, zipf_ids
 
 SPECS = [
     SparseVariableSpec("a", rows=120, dim=3, dtype="float64", optimizer="adagrad",
@@ -30,15 +31,11 @@ FIELDS = ("sent_bytes", "recv_bytes", "sent_inter_bytes", "recv_inter_bytes")
 
 
 def step_ids(spec, worker, step):
-    rng = np.random.default_rng([worker, step, spec.rows])
-    return np.minimum(rng.zipf(1.3, 15) - 1, spec.rows - 1).astype(np.int64)
+    return zipf_ids(spec, worker, step, 1.3, 15)
 
 
 def step_grad(spec, worker, step):
-    ids = step_ids(spec, worker, step)
-    rng = np.random.default_rng([worker, step, spec.dim])
-    return SparseGrad(ids, rng.standard_normal((len(ids), spec.dim)).astype(spec.dtype),
-                      spec.rows)
+    return zipf_grad(spec, worker, step, 1.3, 15)
 
 
 def run(topo, batched, la, mixed_la=False):

@@ -15,6 +15,7 @@ import hpcpax
 from hpcpax import ParameterServer, SparseVariableSpec
 from hpcpax.ps.hot_rows import HotRows, classify
 from hpcpax.ps.sparse_grad import SparseGrad
+from step_data import zipf_grad, zipf_ids
 
 SPECS = [
     SparseVariableSpec("a", rows=120, dim=3, dtype="float64", optimizer="adagrad",
@@ -28,15 +29,11 @@ STEPS = 3
 
 
 def step_ids(spec, worker, step):
-    rng = np.random.default_rng([worker, step, spec.rows])
-    return np.minimum(rng.zipf(1.1, 25) - 1, spec.rows - 1).astype(np.int64)
+    return zipf_ids(spec, worker, step, 1.1, 25)
 
 
 def step_grad(spec, worker, step):
-    ids = step_ids(spec, worker, step)
-    rng = np.random.default_rng([worker, step, spec.dim])
-    return SparseGrad(ids, rng.standard_normal((len(ids), spec.dim)).astype(spec.dtype),
-                      spec.rows)
+    return zipf_grad(spec, worker, step, 1.1, 25)
 
 
 def run(topo, la, hot_rows, batched=True):
