@@ -414,6 +414,7 @@ def _add_flag(parser, flag: Flag):
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of ``python -m hpcpax.train`` (every flag, with its help)."""
     parser = argparse.ArgumentParser(
         prog="python -m hpcpax.train",
         description="Train a sparse model with hybrid data parallelism "

@@ -54,12 +54,14 @@ class MetricsWriter:
             self.write({"resumed_at": int(resumed_at), "job_id": job_id})
 
     def write(self, record: dict) -> None:
+        """Append ``record`` as one JSON line (nothing on ranks that do not write)."""
         if self._file is None:
             return
         self._file.write(json.dumps(json_safe(record), sort_keys=False) + "\n")
         self._file.flush()
 
     def close(self) -> None:
+        """Close the file; later writes are dropped."""
         if self._file is not None:
             self._file.close()
             self._file = None
@@ -101,9 +103,11 @@ class ProgressBar:
 
     @property
     def active(self) -> bool:
+        """Whether a progress bar is shown on this rank."""
         return self._bar is not None
 
     def update(self, steps, loss, samples_per_s) -> None:
+        """Advance by ``steps`` and show the loss and samples/s."""
         if self._bar is None:
             return
         self._bar.set_postfix(loss=f"{loss:.4f}", samples_per_s=f"{samples_per_s:,.0f}",
@@ -111,12 +115,14 @@ class ProgressBar:
         self._bar.update(steps)
 
     def write(self, text) -> None:
+        """Print ``text`` above the bar (or plainly without one)."""
         if self._bar is not None:
             self._bar.write(text)
         else:
             print(text, flush=True)
 
     def close(self) -> None:
+        """Remove the bar."""
         if self._bar is not None:
             self._bar.close()
             self._bar = None

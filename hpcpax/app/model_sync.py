@@ -298,6 +298,7 @@ class ModelSync:
         self.write_plan()
 
     def loop_step(self, step):  # pragma: no cover - the planner's search is off here
+        """Not available: the partition search needs the trainer's loop (raises ConfigError)."""
         raise ConfigError("the partition search needs the trainer's loop")
 
     # ------------------------------------------------- tables and checkpoints

@@ -191,6 +191,7 @@ def _save(fig, run_dir, name, plt):
 
 
 def main(argv=None) -> int:
+    """``python -m hpcpax.report RUN_DIR``: summary, plots and files of a run; the exit status."""
     parser = argparse.ArgumentParser(prog="python -m hpcpax.report",
                                      description="Plot and summarize an hpcpax.train run.")
     parser.add_argument("run_dir", help="the run directory (holds metrics.jsonl)")

@@ -123,6 +123,7 @@ class ClusterSpec:
     # ------------------------------------------------------------------ names
     @property
     def network(self) -> ipaddress.IPv4Network:
+        """The cluster's subnet."""
         return ipaddress.IPv4Network(self.subnet)
 
     @property
@@ -132,6 +133,7 @@ class ClusterSpec:
 
     @property
     def bridge(self) -> str:
+        """Name of the host bridge the nodes' veths join."""
         return f"{self.prefix}br"
 
     @property
@@ -141,6 +143,7 @@ class ClusterSpec:
 
     @property
     def prefix_len(self) -> int:
+        """Prefix length of the subnet."""
         return self.network.prefixlen
 
     def veth(self, node: str) -> str:
@@ -154,6 +157,7 @@ class ClusterSpec:
 
     @property
     def state_dir(self) -> Path:
+        """Where this cluster's state (``state.json``, pid files) lives."""
         return STATE_ROOT / self.prefix
 
     @property
@@ -167,13 +171,16 @@ class ClusterSpec:
 
     # ------------------------------------------------------------------ state
     def to_dict(self) -> dict:
+        """The spec as a JSON-able dict."""
         return asdict(self)
 
     @classmethod
     def from_dict(cls, data) -> "ClusterSpec":
+        """A spec from :meth:`to_dict`'s dict."""
         return cls(**data)
 
     def save(self) -> None:
+        """Write the spec to ``state_dir/state.json`` (atomically)."""
         self.state_dir.mkdir(parents=True, exist_ok=True)
         path = self.state_dir / "state.json"
         tmp = path.with_suffix(".tmp")

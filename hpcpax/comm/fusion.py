@@ -126,6 +126,7 @@ class FusionBuffers:
         return array.reshape(-1)
 
     def pack(self, bucket, buffer, views, arrays, xp):
+        """Copy ``bucket``'s member arrays into ``buffer`` (as float16/bfloat16 on a reduced wire)."""
         members = bucket["members"]
         if not bucket["reduced"]:
             if len(members) > 1:  # one C call instead of one copy per tensor

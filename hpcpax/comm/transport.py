@@ -222,14 +222,17 @@ class CudaAwareTransport(CpuTransport):
         return buffer
 
     def iallreduce(self, comm, buffer, op="sum"):
+        """Start an allreduce of the device ``buffer`` after its stream's work is done."""
         synchronize(buffer)
         return super().iallreduce(comm, buffer, op)
 
     def ireduce(self, comm, buffer, op="sum", root=0):
+        """Start a reduce of the device ``buffer`` to ``root`` after its stream's work is done."""
         synchronize(buffer)
         return super().ireduce(comm, buffer, op, root)
 
     def ibcast(self, comm, buffer, root=0):
+        """Start a broadcast of the device ``buffer`` after its stream's work is done."""
         synchronize(buffer)
         return super().ibcast(comm, buffer, root)
 
@@ -308,12 +311,14 @@ class HostStagedTransport(CpuTransport):
         return _Request(request._request, buffer, finish)
 
     def iallreduce(self, comm, buffer, op="sum"):
+        """Start an allreduce of ``buffer`` through a host copy (copied back on wait)."""
         _check_buffer(buffer)
         if comm.Get_size() == 1:
             return _Done(buffer)
         return self._run(buffer, lambda host: CpuTransport.iallreduce(self, comm, host, op))
 
     def ireduce(self, comm, buffer, op="sum", root=0):
+        """Start a reduce of ``buffer`` to ``root`` through a host copy."""
         _check_buffer(buffer)
         if comm.Get_size() == 1:
             return _Done(buffer)
@@ -322,6 +327,7 @@ class HostStagedTransport(CpuTransport):
                          copy_out=is_root)
 
     def ibcast(self, comm, buffer, root=0):
+        """Start a broadcast of ``buffer`` through a host copy."""
         _check_buffer(buffer)
         if comm.Get_size() == 1:
             return _Done(buffer)

@@ -56,6 +56,7 @@ _TEXT_HELP = (
 
 
 def build_parser():
+    """The argument parser of ``python -m hpcpax.data`` (text, csv, synth, check)."""
     parser = argparse.ArgumentParser(prog="python -m hpcpax.data",
                                      description="Make and check hpcpax HDF5 data files.")
     commands = parser.add_subparsers(dest="command", required=True)

@@ -181,6 +181,7 @@ class CTRDataset(_CTRReader):
             raise
 
     def close(self):
+        """Close the HDF5 file if this dataset opened it."""
         if self._owner:
             self._file.close()
 

@@ -141,6 +141,7 @@ def read_format(h5file, name):
 
 
 def expect_format(h5file, name, kind):
+    """Raise DataError unless ``h5file`` holds data of format ``kind`` (named)."""
     found = read_format(h5file, name)
     if found != kind:
         raise DataError(f"{name}: holds {_FORMATS[found]!r} data, not {_FORMATS[kind]!r}")

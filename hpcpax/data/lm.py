@@ -155,6 +155,7 @@ class LMDataset(_LMReader):
     validate.__doc__ = _LMReader.validate.__doc__
 
     def close(self):
+        """Close the HDF5 file if this dataset opened it."""
         if self._owner:
             self._file.close()
 
@@ -193,4 +194,5 @@ class SyntheticLM(_LMReader):
 
     @property
     def vocab(self):
+        """The synthetic vocabulary (``<unk>`` then generated words)."""
         return synthetic.lm_vocab(self.vocab_size)

@@ -64,6 +64,7 @@ class Appender:
                                                  dtype=self.dtype)
 
     def append(self, values):
+        """Append ``values`` (rows of the dataset's dtype) to the dataset, growing it."""
         values = np.asarray(values, dtype=self.dtype)
         if len(values) == 0:
             return
@@ -87,6 +88,8 @@ class Appender:
         self.rows += len(values)
 
     def finish(self):
+        """The dataset (created empty if nothing was appended); DataError if a counted total
+        was not met."""
         if self.total_rows is not None and self.rows != self.total_rows:
             raise DataError(f"dataset {self.key!r}: {self.rows} rows written, "
                             f"{self.total_rows} counted before writing (did an input change?)")
@@ -97,6 +100,7 @@ class Appender:
 
 
 def write_vocab(h5file, vocab):
+    """Store ``vocab`` (``<unk>`` at id 0) as the file's ``vocab`` dataset."""
     words = list(vocab)
     if not words or words[0] != UNKNOWN_WORD:
         raise DataError(f"vocabulary must start with {UNKNOWN_WORD!r} at id 0")

@@ -171,6 +171,7 @@ def parse_sizes(value, flag: str, *, allow_empty: bool = False) -> tuple[int, ..
 
 
 def check_positive_int(value, flag: str) -> int:
+    """``value`` if it is an int > 0, else ConfigError naming ``flag``."""
     if not isinstance(value, (int, np.integer)) or isinstance(value, bool):
         raise ConfigError(f"{flag} must be int, not {type(value).__name__}")
     if value <= 0:

@@ -94,6 +94,7 @@ class CTRModel(Model):
         self._upper_rows, self._upper_cols = np.triu_indices(self.n_fields + 1, k=1)
 
     def config(self) -> dict:
+        """The model's constructor arguments (saved with runs and checkpoints)."""
         return {
             "n_dense": self.n_dense,
             "n_fields": self.n_fields,
@@ -110,10 +111,12 @@ class CTRModel(Model):
         return self.emb_dim + len(self._upper_rows)
 
     def sparse_specs(self) -> list[SparseSpec]:
+        """One embedding table per categorical field."""
         scale = float(1 / np.sqrt(self.emb_dim))
         return [SparseSpec(f"emb_{i}", rows, self.emb_dim, scale) for i, rows in enumerate(self.table_rows)]
 
     def dense_shapes(self) -> dict[str, tuple[int, ...]]:
+        """Shapes of the bottom and top MLPs' weights and biases, in order."""
         shapes = mlp_shapes(self._bottom_names, self.n_dense, self.bottom)
         shapes.update(mlp_shapes(self._top_names, self.interaction_dim, list(self.top) + [1]))
         return shapes

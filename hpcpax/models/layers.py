@@ -24,6 +24,7 @@ ACTIVATIONS = ("relu", "tanh", "linear")
 
 
 def check_activation(activation: str, flag: str = "activation") -> str:
+    """``activation`` if it is one of ``ACTIVATIONS``, else ConfigError naming ``flag``."""
     if activation not in ACTIVATIONS:
         raise ConfigError(f"{flag} must be one of {ACTIVATIONS}, not {activation!r}")
     return activation

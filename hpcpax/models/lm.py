@@ -120,6 +120,7 @@ class LanguageModel(Model):
         self._sample_cache = (None, None)
 
     def config(self) -> dict:
+        """The model's constructor arguments (saved with runs and checkpoints)."""
         return {
             "vocab_size": self.vocab_size,
             "context": self.context,
@@ -133,6 +134,7 @@ class LanguageModel(Model):
         }
 
     def sparse_specs(self) -> list[SparseSpec]:
+        """The input embedding and the sampled softmax's weights and biases."""
         return [
             SparseSpec("embedding", self.vocab_size, self.emb_dim, float(1 / np.sqrt(self.emb_dim))),
             SparseSpec("softmax_w", self.vocab_size, self.out_dim, float(1 / np.sqrt(self.out_dim))),
@@ -140,6 +142,7 @@ class LanguageModel(Model):
         ]
 
     def dense_shapes(self) -> dict[str, tuple[int, ...]]:
+        """Shapes of the hidden layers and the projection, in order."""
         widths = list(self.hidden) + [self.out_dim]
         return mlp_shapes(self._layer_names, self.context * self.emb_dim, widths)
 

@@ -202,6 +202,7 @@ class SparseOptimizer:
 
 
 class SGD(SparseOptimizer):
+    """Plain SGD: ``w -= lr * g``; no state."""
     name = "sgd"
 
     def __init__(self, lr):
@@ -219,6 +220,8 @@ class SGD(SparseOptimizer):
 
 
 class Momentum(SparseOptimizer):
+    """SGD with momentum: ``m = momentum * m + g``; ``w -= lr * m`` (Nesterov:
+    ``w -= lr * (g + momentum * m)``)."""
     name = "momentum"
     row_slots = ("momentum",)
 
@@ -227,6 +230,7 @@ class Momentum(SparseOptimizer):
                          nesterov=bool(nesterov))
 
     def init_state(self, shape, dtype, xp=np):
+        """``{"momentum": zeros}`` of ``shape``."""
         return {"momentum": xp.zeros(shape, dtype)}
 
     def _scalars(self, dtype, state):
@@ -249,6 +253,7 @@ class Momentum(SparseOptimizer):
 
 
 class Adagrad(SparseOptimizer):
+    """Adagrad: ``a += g * g``; ``w -= lr * g / (sqrt(a) + eps)``."""
     name = "adagrad"
     row_slots = ("accumulator",)
 
@@ -260,6 +265,7 @@ class Adagrad(SparseOptimizer):
                          eps=_positive("eps", eps))
 
     def init_state(self, shape, dtype, xp=np):
+        """``{"accumulator": initial_accumulator}`` of ``shape``."""
         return {"accumulator": xp.full(shape, self.hparams["initial_accumulator"], dtype)}
 
     def _scalars(self, dtype, state):
@@ -276,6 +282,7 @@ class Adagrad(SparseOptimizer):
 
 
 class Adam(SparseOptimizer):
+    """Adam with bias correction; one shared step counter per variable."""
     name = "adam"
     row_slots = ("m", "v")
     scalar_slots = ("step",)
@@ -285,6 +292,7 @@ class Adam(SparseOptimizer):
                          beta2=_fraction("beta2", beta2), eps=_positive("eps", eps))
 
     def init_state(self, shape, dtype, xp=np):
+        """``m``, ``v`` (zeros of ``shape``) and the step counter."""
         return {"m": xp.zeros(shape, dtype), "v": xp.zeros(shape, dtype),
                 "step": np.zeros(1, np.int64)}
 

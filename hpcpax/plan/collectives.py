@@ -128,9 +128,11 @@ class Cost:
 
     @property
     def seconds(self) -> float:
+        """Latency, bandwidth and NIC seconds together."""
         return self.latency_s + self.bandwidth_s + self.nic_s
 
     def add_round(self, latency, link_s, nic_s, link_name, nic_name):
+        """Add one round: its latency, link seconds and the NIC's excess over the link."""
         self.latency_s += latency
         self.bandwidth_s += link_s
         self.nic_s += max(0.0, nic_s - link_s)

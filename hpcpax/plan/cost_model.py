@@ -108,21 +108,26 @@ class VarSpec:
 
     @property
     def rows(self) -> int:
+        """Rows (first dimension; 1 for a scalar)."""
         return self.shape[0] if self.shape else 1
 
     @property
     def dim(self) -> int:
+        """Elements per row."""
         return math.prod(self.shape[1:]) if len(self.shape) > 1 else 1
 
     @property
     def itemsize(self) -> int:
+        """Bytes per element."""
         return _dtype_itemsize(self.dtype)
 
     @property
     def nbytes(self) -> int:
+        """Bytes of the whole variable."""
         return math.prod(self.shape) * self.itemsize
 
     def node_alpha(self, workers_per_node: int) -> float:
+        """Fraction of rows a node touches per step (measured, or from ``alpha``)."""
         if self.kind == "dense":
             return 1.0
         if self.alpha_node is not None:
@@ -130,6 +135,7 @@ class VarSpec:
         return default_alpha_node(self.alpha, workers_per_node)
 
     def worker_alpha(self) -> float:
+        """Fraction of rows a worker touches per step (1 for dense)."""
         return 1.0 if self.kind == "dense" else float(self.alpha)
 
 
@@ -161,6 +167,7 @@ class ClusterShape:
 
     @property
     def workers(self) -> int:
+        """Worker ranks in all."""
         return self.num_nodes * self.workers_per_node
 
     @property
@@ -170,6 +177,7 @@ class ClusterShape:
         return self.num_nodes * per_node
 
     def to_dict(self) -> dict:
+        """The shape as a JSON-able dict."""
         return {"num_nodes": self.num_nodes, "workers_per_node": self.workers_per_node,
                 "servers_per_node": self.servers_per_node}
 
@@ -267,6 +275,7 @@ class CostParams:
         return float(out) if out.ndim == 0 else out
 
     def to_dict(self) -> dict:
+        """The parameters as a JSON-able dict (saved in the plan)."""
         return {"partition_overhead_s": self.partition_overhead_s,
                 "server_apply_Bps": self.server_apply_Bps,
                 "server_gather_Bps": self.server_gather_Bps, "server_lanes": self.server_lanes,

@@ -58,10 +58,12 @@ class Correction:
         return float(sum(v * self.weights.get(k, 1.0) for k, v in resources.items()))
 
     def to_dict(self) -> dict:
+        """The correction as a JSON-able dict."""
         return {"weights": dict(self.weights), "records": self.records, "models": self.models}
 
     @classmethod
     def from_dict(cls, data: dict) -> "Correction":
+        """A correction from :meth:`to_dict`'s dict."""
         return cls(dict(data["weights"]), int(data.get("records", 0)),
                    list(data.get("models", [])))
 

@@ -96,14 +96,17 @@ class SparsityStats:
 
     @property
     def alpha(self) -> float | None:
+        """Mean fraction of rows a worker touched per step, or None before any step."""
         return self._mean(self._alpha_sum)
 
     @property
     def alpha_node(self) -> float | None:
+        """Mean fraction of rows a node touched per step, or None."""
         return self._mean(self._alpha_node_sum)
 
     @property
     def duplicate_ratio(self) -> float | None:
+        """Mean ids per distinct id in a worker's step, or None."""
         return self._mean(self._duplicate_sum)
 
     def to_dict(self) -> dict:

@@ -103,6 +103,7 @@ class SearchResult:
 
     @classmethod
     def from_dict(cls, data: dict) -> "SearchResult":
+        """A result from its ``to_dict`` dict."""
         return cls(
             chosen=int(data["chosen"]),
             samples={int(p): float(t) for p, t in data.get("samples", [])},

@@ -271,6 +271,7 @@ class Plan:
 
     # -- JSON -----------------------------------------------------------
     def to_dict(self) -> dict:
+        """The plan as ``plan.json``'s JSON object."""
         return {
             "format": PLAN_FORMAT,
             "variables": [var.to_dict() for var in self.variables.values()],
@@ -286,6 +287,7 @@ class Plan:
 
     @classmethod
     def from_dict(cls, data: dict) -> "Plan":
+        """A plan from ``plan.json``'s object; ConfigError naming what is wrong."""
         if not isinstance(data, dict):
             raise ConfigError(f"plan must be a JSON object, not {type(data).__name__}")
         fmt = data.get("format", PLAN_FORMAT)

@@ -90,6 +90,7 @@ class RunLog:
 
     @property
     def enabled(self) -> bool:
+        """Whether runs are recorded (a path is set)."""
         return self.path is not None
 
     def _connect(self, create):

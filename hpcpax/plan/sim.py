@@ -141,6 +141,7 @@ def variable_specs(model: dict, workers_per_node: int) -> list:
 
 
 def cluster_fabric(cluster: dict) -> Fabric:
+    """The link models of a cluster preset."""
     return Fabric(intra=LinkModel(**cluster["intra"]), inter=LinkModel(**cluster["inter"]),
                   allreduce_bucket_bytes=int(cluster.get("allreduce_bucket_bytes", 64 << 20)))
 
@@ -254,6 +255,7 @@ def _table(header, rows, numeric=()):
 
 
 def format_report(model: dict, cluster: dict, result: dict, scale: dict | None = None) -> str:
+    """The sim's text report: throughput and bottleneck per strategy (and scale)."""
     topo = result["topology"]
     lines = [
         f"model {model.get('name', '?')} on {topo['num_nodes']} nodes x {topo['workers_per_node']} GPUs "
@@ -347,6 +349,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
+    """``python -m hpcpax.sim``: the exit status."""
     args = _parser().parse_args(argv)
     model, cluster = load_preset(args.model), load_preset(args.cluster)
     cluster = dict(cluster, intra=dict(cluster["intra"]), inter=dict(cluster["inter"]))

@@ -49,15 +49,18 @@ class StepPrediction:
 
     @property
     def seconds(self) -> float:
+        """Predicted step seconds (sum of the phases)."""
         return float(sum(self.phases.values()))
 
     @property
     def bottleneck(self) -> str:
+        """The resource charged the most seconds."""
         return max(self.resources, key=self.resources.get) if self.resources else ""
 
     handoff: dict | None = None
 
     def charge(self, phase, resource, seconds):
+        """Add ``seconds`` to ``phase`` and to ``resource``."""
         seconds = float(seconds)
         if seconds <= 0:
             return
@@ -78,6 +81,7 @@ class StepPrediction:
             self.charge(phase, resource, moved * seconds / total * scale if total else 0.0)
 
     def to_dict(self) -> dict:
+        """The prediction as a JSON-able dict."""
         return {"seconds": self.seconds, "phases": dict(self.phases),
                 "resources": dict(self.resources), "bottleneck": self.bottleneck}
 
@@ -249,4 +253,5 @@ def predict_step(layout: Layout, links, params, routings: dict, dense_bytes=(),
 
 
 def ceil_log2(n: int) -> int:
+    """``ceil(log2(n))``, 0 for n <= 1."""
     return int(math.ceil(math.log2(n))) if n > 1 else 0

@@ -68,20 +68,25 @@ class Layout:
 
     @property
     def size(self) -> int:
+        """Ranks in all."""
         return len(self.node_of)
 
     @property
     def owner_ranks(self) -> tuple:
+        """Ranks that own partitions: the servers, or the workers without servers."""
         return self.server_ranks if self.server_ranks else self.worker_ranks
 
     @property
     def num_nodes(self) -> int:
+        """Nodes in the layout."""
         return len(set(self.node_of))
 
     def node_workers(self, node: int) -> list:
+        """Worker ranks on ``node``."""
         return [r for r in self.worker_ranks if self.node_of[r] == node]
 
     def workers_per_node(self) -> int:
+        """The most workers on one node."""
         return max(len(self.node_workers(n)) for n in set(self.node_of))
 
 
@@ -115,6 +120,7 @@ class Routing:
 
     @property
     def local_aggregation(self) -> bool:
+        """Whether rows go through a node delegate."""
         return self.to_delegate is not None
 
 
@@ -314,4 +320,5 @@ def step_bytes(layout: Layout, routings: dict, dense_bytes=()) -> dict:
 
 
 def ceil_div(a: float, b: float) -> int:
+    """``ceil(a / b)``, 0 when ``b`` is 0."""
     return int(math.ceil(a / b)) if b else 0

@@ -75,6 +75,7 @@ class DistributedEmbedding(_TableModule):
     """
 
     def forward(self, input):
+        """Rows of ``input``'s ids, pulled for this batch (gradients pushed after backward)."""
         rows, local, padding = self._local(input)
         # sparse: the row gradient stays one row per occurrence; the push
         # sums duplicates with hpcpax's dedup kernel (2x faster than torch's
@@ -94,6 +95,7 @@ class DistributedEmbeddingBag(_TableModule):
         self.include_last_offset = original.include_last_offset
 
     def forward(self, input, offsets=None, per_sample_weights=None):
+        """``embedding_bag`` over the rows pulled for ``input``'s ids."""
         rows, local, padding = self._local(input)
         return F.embedding_bag(local, rows, offsets, mode=self.mode,
                                per_sample_weights=per_sample_weights,
@@ -101,4 +103,5 @@ class DistributedEmbeddingBag(_TableModule):
                                padding_idx=padding, sparse=True)
 
     def extra_repr(self) -> str:
+        """The module's repr arguments, with the bag mode."""
         return super().extra_repr() + f", mode={self.mode!r}"
