@@ -146,13 +146,16 @@ class LMDataset(_LMReader):
                         f"is not in [0, {self.vocab_size}) (the file's vocab_size)")
 
     def validate(self, vocab_size=None):
+        """Check that the vocabulary starts with ``<unk>``, then scan every token id.
+
+        Returns and raises as :meth:`_LMReader.validate` (DataError naming the
+        file, the position and the bound).
+        """
         with self._reading():
             vocab = self._file["vocab"].asstr()
             if vocab[0] != "<unk>":
                 raise DataError(f"{self.name}: vocab[0] is {vocab[0]!r}, expected '<unk>'")
         return super().validate(vocab_size)
-
-    validate.__doc__ = _LMReader.validate.__doc__
 
     def close(self):
         """Close the HDF5 file if this dataset opened it."""
