@@ -35,6 +35,7 @@ from ..ps.relaxed_client import NO_STOP
 from ..sync.relaxed import RelaxedSync
 from . import checkpoint as ckpt
 from .metrics import MetricsWriter, json_safe
+from .step_report import PhaseClock
 from .stragglers import Stragglers
 
 __all__ = ["setup", "plan_under", "relaxed_parts", "RelaxedRun"]
@@ -242,15 +243,8 @@ class RelaxedRun:
     def _step(self, step) -> None:
         """One relaxed step of this worker (``step`` = its clock + 1)."""
         t = self.trainer
-        times = {"data": 0.0, "pull": 0.0, "compute": 0.0, "push": 0.0}
-        clock = began = time.perf_counter()
-
-        def lap(phase):
-            nonlocal clock
-            now = time.perf_counter()
-            times[phase] += now - clock
-            clock = now
-
+        clock = PhaseClock(("data", "pull", "compute", "push"))
+        lap, times, began = clock.lap, clock.times, clock.began
         position = step - 1
         batch = t._batch(position)
         ids = t.model.sparse_ids(batch, position)

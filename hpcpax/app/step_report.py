@@ -8,10 +8,12 @@ At the end every rank's accounting is reduced into ``summary.json``.
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
-__all__ = ["TIME_PHASES", "BYTE_PHASES", "reduce_step", "step_record", "summarize",
-           "summary_line"]
+__all__ = ["TIME_PHASES", "BYTE_PHASES", "PhaseClock", "reduce_step", "step_record",
+           "summarize", "summary_line"]
 
 #: Wall-time phases of one worker step, in the metrics lines.
 TIME_PHASES = ("data", "pull", "compute", "push", "dense", "optimizer")
@@ -19,6 +21,26 @@ TIME_PHASES = ("data", "pull", "compute", "push", "dense", "optimizer")
 BYTE_PHASES = ("pull", "push", "intra_node", "dense", "allgather", "dense_sparse", "control",
                "repartition", "relay")
 _BYTE_FIELDS = ("sent_bytes", "recv_bytes", "sent_inter_bytes")
+
+
+class PhaseClock:
+    """Wall seconds per phase of one step: :meth:`lap` charges the time since the
+    previous lap (or the start) to a phase.
+
+    Attributes:
+        times: ``{phase: seconds}``, every phase of ``phases`` starting at 0.
+        began: ``time.perf_counter()`` at the start.
+    """
+
+    def __init__(self, phases):
+        self.times = dict.fromkeys(phases, 0.0)
+        self.began = self._clock = time.perf_counter()
+
+    def lap(self, phase) -> None:
+        """Charge the seconds since the previous lap to ``phase``."""
+        now = time.perf_counter()
+        self.times[phase] += now - self._clock
+        self._clock = now
 
 
 def reduce_step(topology, loss, local_batch, times, flag) -> tuple:

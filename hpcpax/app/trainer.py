@@ -43,8 +43,8 @@ from .metrics import MetricsWriter, ProgressBar, json_safe, read_metrics, write_
 from .preemption import PreemptionHandler
 from .runtime import RunTime
 from .throughput import steady_throughput, unsteady_steps
-from .step_report import (BYTE_PHASES, TIME_PHASES, reduce_step, step_record, summarize,
-                          summary_line)
+from .step_report import (BYTE_PHASES, TIME_PHASES, PhaseClock, reduce_step, step_record,
+                          summarize, summary_line)
 
 __all__ = ["Trainer", "TIME_PHASES", "BYTE_PHASES"]
 
@@ -254,15 +254,8 @@ class Trainer:
 
         **Collective** over the workers (and the servers, through the PS).
         """
-        times = dict.fromkeys(TIME_PHASES, 0.0)
-        clock = time.perf_counter()
-
-        def lap(phase):
-            nonlocal clock
-            now = time.perf_counter()
-            times[phase] += now - clock
-            clock = now
-
+        clock = PhaseClock(TIME_PHASES)
+        lap, times = clock.lap, clock.times
         position = step - 1
         batch = self._batch(position)
         ids = self.model.sparse_ids(batch, position)
