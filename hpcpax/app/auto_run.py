@@ -212,6 +212,8 @@ class AutoRun:
         t.balance.shares = list(self.policy.shares)
         if decision is not None:
             metrics.write({"step": last, "auto": decision})
+            t.planning.runtime["consistency_auto"] = self.policy.history
+            t.write_plan()
             t.runtime.timeline.instant(f"auto: {decision['to']}", decision)
             t.log(f"auto: step {last}: {decision['from']} -> {decision['to']}: "
                   f"{decision['reason']}", important=True)

@@ -91,6 +91,9 @@ def test_persistent_straggler_gets_balanced_bsp(comm, tmp_path):
     shares = leader_value(comm, auto, auto.balance.shares)
     ok = any(h["to"] == "balanced" for h in history)
     ok = ok and shares[-1] < min(shares[:-1]) and sum(shares) == 48
+    if comm.rank == 0:  # the decisions are saved with the plan too
+        with open(os.path.join(run_dir, "plan.json"), encoding="utf-8") as handle:
+            ok = ok and json.load(handle)["runtime"]["consistency_auto"] == history
     if not any(h["to"].startswith("ssp") for h in history):
         plain = run(comm, run_dir=shared_dir(comm, tmp_path, "plain"), steps=16,
                     global_batch=48)
