@@ -97,12 +97,25 @@ def one_run(comm, base, consistency, extra, steps, seed, workdir):
                   "samples_per_s_train": samples / summary["train_seconds"],
                   "auto": [(d["step"], d["to"]) for d in summary.get("auto") or []],
                   "loss": float(np.mean(tail)), "worker_steps": summary.get("worker_steps"),
+                  "compute_share": compute_share(run_dir),
                   "max_staleness": stale.get("max_gap"),
                   "staleness_violations": stale.get("violations"),
                   "server_cpu_fraction": (sum(s["cpu_seconds"] for s in servers)
                                           / max(1e-9, sum(s["phase_seconds"] for s in servers))
                                           if servers else None)}
     return comm.bcast(result, root=leader)
+
+
+def compute_share(run_dir):
+    """Mean share of a step the workers spent in ``compute`` (straggler sleeps included)."""
+    phases = {}
+    with open(os.path.join(run_dir, "metrics.jsonl"), encoding="utf-8") as handle:
+        for line in handle:
+            record = json.loads(line)
+            for phase, seconds in record.get("time", {}).items():
+                phases[phase] = phases.get(phase, 0.0) + seconds
+    total = sum(phases.values())
+    return phases.get("compute", 0.0) / total if total else None
 
 
 def spread(values):
@@ -120,6 +133,8 @@ def main():
     parser.add_argument("--lr", type=float, default=0.001, help="dense Adam learning rate "
                         "(the trainer's default 0.003 is unstable under ssp:3 staleness here)")
     parser.add_argument("--global-batch", type=int, default=MODEL["global_batch"])
+    parser.add_argument("--hidden", default=None, help="hidden widths, e.g. 512,512 "
+                        "(default 256,256); with --global-batch: a compute-heavier step")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--only", default=None, help="comma-separated scenarios to run "
                         "(none, transient, persistent; default all)")
@@ -132,6 +147,8 @@ def main():
     base["lr"] = args.lr
     if not args.quick:
         base["global_batch"] = args.global_batch
+        if args.hidden:
+            base["hidden"] = [int(x) for x in args.hidden.split(",")]
     comm = MPI.COMM_WORLD
     size = comm.Get_size()
     if size < 3:
@@ -169,6 +186,7 @@ def main():
         ratio[name] = [b["samples_per_s"] / a["samples_per_s"] for a, b in pairs]
         ratio[name + "_loss"] = [abs(b["loss"] - a["loss"]) / a["loss"] for a, b in pairs]
         out[name] = {c: {"samples_per_s": spread([x["samples_per_s"] for x in results]),
+                         "compute_share": spread([x["compute_share"] for x in results]),
                          "samples_per_s_train": spread([x["samples_per_s_train"]
                                                         for x in results]),
                          "auto_decisions": [x["auto"] for x in results] if c == "auto"

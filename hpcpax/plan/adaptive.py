@@ -24,20 +24,29 @@ The rules (constants below), first match wins. From ``bsp``/``balanced``:
    >= ``STALL_FACTOR`` x the worker's typical time, and the waiting they
    cause at the barriers is >= ``MIN_GAIN`` of the step -> ``ssp:S``, ``S``
    the 90th percentile of the stall lengths in steps (``1..MAX_STALENESS``);
-4. else ``bsp`` stays (no straggler: nothing a relaxed model would win).
+4. *lockstep* (also from ``balanced``): the workers spend >= ``WAIT_TRIAL``
+   of a step outside their own work (in the collectives: transfers and
+   waiting for each other), and no worker is slower in this segment (rule 1
+   decides first) -> a *trial* of ``ssp:1``, whose message-driven
+   steps do not wait in lockstep; whether that pays is measured, not
+   predicted (rule 6);
+5. else the mode stays (no straggler: nothing a relaxed model would win).
 
 From ``ssp:S`` (a relaxed segment):
 
-5. the guard (:func:`guard`): the loss diverges or stalls against the BSP
-   trajectory -> ``bsp``;
-6. the segment was not faster than the last BSP segment -> ``bsp``;
-7. a worker persistently slower (rule 1) -> ``balanced`` (bounded
+6. the guard (:func:`guard`): the loss diverges or stalls against the BSP
+   trajectory -> back; or the segment was not faster than the last BSP
+   segment (a trial: not ``MIN_GAIN`` faster) -> back (``bsp``, or the
+   ``balanced`` shares a trial came from);
+7. a trial that paid stays (its ``S`` follows stall lengths when stalls
+   appear);
+8. a worker persistently slower (rule 1) -> ``balanced`` (bounded
    staleness cannot absorb persistent slowness);
-8. no stalls seen any more -> ``bsp``;
-9. else ``S`` follows the measured stall lengths.
+9. no stalls seen any more -> ``bsp``;
+10. else ``S`` follows the measured stall lengths.
 
-After rules 5 and 6 no relaxed mode is tried for ``COOLDOWN`` segments
-(doubling with each failure). A segment that keeps the mode doubles the
+After a step back under rule 6 no relaxed mode is tried for ``COOLDOWN``
+segments (doubling with each failure). A segment that keeps the mode doubles the
 next segment's length (up to ``max_segment``); a change resets it.
 """
 
@@ -51,7 +60,7 @@ from .shares import balanced_shares, even_shares, relative_gain
 
 __all__ = ["analyze", "loss_figures", "guard", "AutoPolicy", "PERSISTENT_RATIO",
            "STALL_FACTOR", "MIN_STALL_FRACTION", "MIN_GAIN", "MAX_STALENESS",
-           "GUARD_RISE", "GUARD_RATE", "COOLDOWN"]
+           "GUARD_RISE", "GUARD_RATE", "COOLDOWN", "WAIT_TRIAL"]
 
 PERSISTENT_RATIO = 1.25  # slowest worker's typical seconds per sample / the fastest's
 STALL_FACTOR = 2.0       # a worker-step this many times its typical work is a stall
@@ -61,6 +70,7 @@ MAX_STALENESS = 4
 GUARD_RISE = 0.02        # a relaxed segment's mean loss this much above the last: divergence
 GUARD_RATE = 0.25        # ... or progress below this fraction of BSP's rate: a stall
 COOLDOWN = 3             # segments without relaxed trials after a failed one
+WAIT_TRIAL = 0.5         # share of a step outside own work that makes auto try ssp:1
 
 
 def analyze(work, batch, seconds) -> dict:
@@ -191,6 +201,8 @@ class AutoPolicy:
         self.slow_worker = None  # the slowest worker of the last segment, when >= the ratio
         self.bsp_loss = self.previous_loss = None
         self.bsp_rate = None
+        #: ``[mode, shares]`` a lockstep trial (rule 4) came from, None otherwise.
+        self.trial = None
         #: Every decision that changed something (JSON-able dicts).
         self.history = []
 
@@ -277,31 +289,47 @@ class AutoPolicy:
         if self.mode == "balanced" and figures["persistent_ratio"] < PERSISTENT_RATIO:
             return "bsp", 0, even, (f"no worker persistently slower any more (ratio "
                                     f"{figures['persistent_ratio']:.2f}): even shares")
-        if self.mode == "balanced" or self._cooling():
+        if self._cooling():
             return None
-        if self._stalls(figures):
+        if self.mode != "balanced" and self._stalls(figures):
             staleness = self._staleness(figures)
             return "ssp", staleness, even, (
                 f"transient stalls on {100 * figures['stall_fraction']:.1f} % of worker-steps "
                 f"cost {100 * figures['transient_imbalance']:.0f} % of a step in barrier waits; "
                 f"90 % of them last <= {staleness} step(s)")
+        settling = self.mode != "balanced" and self.slow_worker is not None  # rule 1 next?
+        if figures["wait_fraction"] >= WAIT_TRIAL and not settling:
+            self.trial = [self.mode, list(self.shares)]
+            return "ssp", 1, even, (
+                f"lockstep: the workers spend {100 * figures['wait_fraction']:.0f} % of a step "
+                f"outside their own work; trying ssp:1 (kept if >= {100 * MIN_GAIN:.0f} % "
+                "faster)")
         return None
+
+    def _back(self, reason):
+        """Rule 6: back to ``bsp`` (or the balanced shares a trial came from), cooling down."""
+        self._fail()
+        mode, shares = self.trial or ["bsp", even_shares(self.global_batch, self.workers)]
+        self.trial = None
+        return mode, 0, shares, reason
 
     def _from_relaxed(self, figures, loss, samples_per_s):
         even = even_shares(self.global_batch, self.workers)
         why = guard(self.bsp_loss, self.previous_loss, loss)
         if why is not None:
-            self._fail()
-            return "bsp", 0, even, "guard: " + why
-        if self.bsp_rate is not None and samples_per_s < self.bsp_rate:
-            self._fail()
-            return "bsp", 0, even, (f"ssp:{self.staleness} ran {samples_per_s:,.0f} samples/s, "
-                                    f"bsp {self.bsp_rate:,.0f}: no gain")
-        balanced = self._persistent(figures)
-        if balanced is not None:
-            return ("balanced", 0) + balanced
-        if figures["stall_fraction"] < MIN_STALL_FRACTION:
-            return "bsp", 0, even, "stalls gone"
+            return self._back("guard: " + why)
+        needed = (1 + MIN_GAIN) if self.trial else 1.0
+        if self.bsp_rate is not None and samples_per_s < needed * self.bsp_rate:
+            return self._back(f"ssp:{self.staleness} ran {samples_per_s:,.0f} samples/s, "
+                              f"bsp {self.bsp_rate:,.0f}: no gain")
+        if self.trial is None:
+            balanced = self._persistent(figures)
+            if balanced is not None:
+                return ("balanced", 0) + balanced
+            if figures["stall_fraction"] < MIN_STALL_FRACTION:
+                return "bsp", 0, even, "stalls gone"
+        elif figures["stall_fraction"] < MIN_STALL_FRACTION:
+            return None  # a trial that paid: ssp:1 stays
         staleness = self._staleness(figures)
         if staleness != self.staleness:
             return "ssp", staleness, even, (f"stall lengths now: 90 % last <= {staleness} "
@@ -312,7 +340,8 @@ class AutoPolicy:
     def state(self) -> dict:
         """JSON-able state (checkpoint metadata)."""
         keys = ("mode", "staleness", "shares", "segment", "segments", "cooldown_until",
-                "failures", "slow_worker", "bsp_loss", "previous_loss", "bsp_rate", "history")
+                "failures", "slow_worker", "bsp_loss", "previous_loss", "bsp_rate", "trial",
+                "history")
         return {k: getattr(self, k) for k in keys}
 
     def load(self, state) -> None:

@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from hpcpax.plan.adaptive import (COOLDOWN, MAX_STALENESS, AutoPolicy, analyze, guard,
-                                  loss_figures)
+from hpcpax.plan.adaptive import (COOLDOWN, MAX_STALENESS, WAIT_TRIAL, AutoPolicy, analyze,
+                                  guard, loss_figures)
 
 WORKERS, BATCH = 3, 12
 
@@ -154,3 +154,31 @@ def test_state_round_trip():
 def test_analyze_checks_shapes():
     with pytest.raises(ValueError, match="one shape"):
         analyze(np.ones((3, 2)), np.ones((3, 3)), np.ones((3, 2)))
+
+
+def test_lockstep_tries_ssp1_keeps_it_while_it_pays_and_goes_back_when_not():
+    """No straggler, but 70 % of a step outside the workers' own work: a trial of
+    ssp:1; kept while >= MIN_GAIN faster than the last BSP segment; back to BSP
+    (cooling down) when not."""
+    lockstep = dict(comm=10e-3)
+    assert analyze(*trace(**lockstep))["wait_fraction"] >= WAIT_TRIAL
+    policy = AutoPolicy(WORKERS, BATCH, segment=40)
+    first = decide(policy, 40, trace(**lockstep))
+    assert first["to"] == "ssp:1" and first["reason"].startswith("lockstep")
+    bsp_rate = policy.bsp_rate
+    assert decide(policy, 80, trace(seed=1), rate=1.5 * bsp_rate) is None  # paid: stays
+    back = decide(policy, 120, trace(seed=2), rate=1.02 * bsp_rate)       # < 5 % faster
+    assert back["to"] == "bsp" and "no gain" in back["reason"] and policy.shares == [4, 4, 4]
+    assert decide(policy, 160, trace(seed=3, **lockstep)) is None  # cooling down
+
+
+def test_lockstep_trial_from_balanced_returns_to_the_same_shares():
+    policy = AutoPolicy(WORKERS, BATCH, segment=40)
+    slow = dict(per_sample=(1e-3, 1e-3, 2e-3), comm=20e-3)
+    decide(policy, 40, trace(**slow))
+    assert decide(policy, 80, trace(seed=5, **slow))["to"] == "balanced"
+    shares = list(policy.shares)
+    trial = decide(policy, 120, trace(shares=shares, seed=6, **slow))
+    assert trial["to"] == "ssp:1" and trial["from"] == "balanced"
+    back = decide(policy, 160, trace(seed=7), rate=0.9 * policy.bsp_rate)
+    assert back["to"] == "balanced" and policy.shares == shares
