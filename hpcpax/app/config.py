@@ -120,8 +120,8 @@ FLAGS = (
          "re-agreed every --rebalance-every steps); global batch and gradient stay BSP's"),
     Flag("rebalance_every", "int", 20, "batch_shares speed: steps between re-evaluations",
          minimum=1),
-    Flag("trace", "str", None, "write a per-rank timeline of the BSP steps to this file "
-         "(Chrome/Perfetto trace-event JSON: phases, barrier waits, decisions)"),
+    Flag("trace", "str", None, "write a per-rank timeline to this file (Chrome/Perfetto "
+         "trace-event JSON: phases, barrier waits, decisions; relaxed runs: servers too)"),
     Flag("bucket_bytes", "int", 1 << 20, "dense allreduce fusion buffer bytes (0: autotune)",
          minimum=0),
     # run directory, checkpoints, evaluation
@@ -337,7 +337,7 @@ def _check_consistency(config):
                           "every step by the allreduce")
     if not relaxed:
         return
-    for key in ("partition_search", "replan_every", "batch_shares", "trace"):
+    for key in ("partition_search", "replan_every", "batch_shares"):
         if config[key]:
             raise ConfigError(f"{key} needs consistency bsp, not {config['consistency']!r} "
                               "(relaxed models keep the plan fixed)")

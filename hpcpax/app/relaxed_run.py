@@ -113,6 +113,14 @@ class RelaxedRun:
         self.local = self.period.adaptive or self.period.k > 1
         client = relaxed.client
         self.node = client.node if client is not None else None
+        from .timeline import Timeline
+
+        config, topo = trainer.config, trainer.topology
+        tracing = config["trace"] if config["consistency"] != "auto" else None
+        self.timeline = Timeline(tracing, topo, comm=topo.comm)  # every rank: servers too
+        if tracing and relaxed.server is not None:
+            relaxed.server.events = []
+        trainer.commands.handlers["relaxed_trace"] = self._write_trace
 
     # ------------------------------------------------------------------ run
     def run(self, wall_start) -> dict:
@@ -152,6 +160,7 @@ class RelaxedRun:
             t.planning.runtime["dense_period"] = self._period_record(changes)
             t.write_plan()
         staleness, servers = t.commands.run("relaxed_stats")
+        trace = t.commands.run("relaxed_trace") if self.timeline.enabled else None
         if t.collect:
             t.commands.run("relaxed_fetch_dense")
             t.parameters = t._read_parameters()
@@ -161,9 +170,21 @@ class RelaxedRun:
             "consistency_groups": config["consistency_groups"],
             "guarantee": self.relaxed.default.guarantee, "worker_steps": clocks,
             "samples": samples, "mean_samples_per_s": samples / seconds if seconds else None,
-            "staleness": staleness, "servers": servers,
+            "staleness": staleness, "servers": servers, "trace": trace,
             "dense_period": self._period_record(changes) if self.local else None})
         return t._finish(start_step, max(clocks), seconds, wall_start)
+
+    def _write_trace(self):
+        """Merge every rank's trace events (servers' requests included); the path on
+        the first worker. **Collective** (run it as a command)."""
+        server = self.relaxed.server
+        for name, start, end, args in (server.events or []) if server is not None else []:
+            self.timeline.span(name, start, end, args, cat="wait" if "wait" in name
+                               else "serve")
+        path = self.timeline.write()
+        if path is not None:
+            self.trainer.log(f"trace written: {path}", important=True)
+        return path
 
     def _period_record(self, changes) -> dict:
         """The dense period's setting, every worker's final ``k`` and changes."""
@@ -294,7 +315,9 @@ class RelaxedRun:
         if self.local:
             self.rsync.local_update(t.dense, done.dense_local, t.optimizer)
             lap("optimizer")
-        seconds = time.perf_counter() - clock.began
+        ended = time.perf_counter()
+        seconds = ended - clock.began
+        self.timeline.step(step, clock.began, times, ended)
         self.period.observe(times["pull"], seconds, refresh)
         self.samples += done.local_batch
         record = {"step": step, "loss": float(done.loss), "batch": done.local_batch,
@@ -324,6 +347,7 @@ class RelaxedRun:
                 (p.pull_refresh, p.pull_plain, p.step_seconds), root=0)
         change = self.period.refreshed(step, divergence)
         if change is not None:
+            self.timeline.instant(f"dense period k {change['k_to']}", change)
             self.trainer.log(f"dense period: worker {self.trainer.topology.worker_index} "
                              f"step {step}: k {change['k_from']} -> {change['k_to']}: "
                              f"{change['reason']}")

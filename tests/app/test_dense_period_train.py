@@ -113,6 +113,39 @@ def test_changes_are_logged_everywhere_and_survive_a_resume(comm, tmp_path, all_
     assert all_ok(ok), (checks if comm.rank == 0 else None, first["dense_period"])
 
 
+@pytest.mark.mpi(min_size=3)
+@pytest.mark.timeout(240)
+def test_relaxed_trace_has_worker_steps_and_server_requests(comm, tmp_path, all_ok):
+    """--trace under ssp:1 with a 5x straggler: every worker's relaxed steps, each
+    server's handled requests, and pulls the server held back for the bound."""
+    from hpcpax.app.timeline import load_trace
+
+    run_dir = shared_dir(comm, tmp_path, "traced")
+    path = os.path.join(run_dir, "trace.json")
+    summary = run(comm, steps=10, consistency="ssp:1", straggler=f"{comm.size - 1}:5",
+                  dense_period="auto", trace=path, run_dir=run_dir)[2]
+    ok = True
+    if comm.rank == 0:
+        tracks = load_trace(path)
+        with open(path, encoding="utf-8") as handle:
+            events = json.load(handle)["traceEvents"]
+        workers = range(1, comm.size)  # rank 0 is the server
+        steps = {(e["pid"], e["args"]["step"]) for e in events if e.get("name") == "compute"}
+        pushes = [e for e in events if e.get("name") == "serve push"]
+        ok = (summary["trace"] == path and sorted(tracks) == list(range(comm.size))
+              and all({"data", "pull", "compute", "push", "optimizer"} <= tracks[w]
+                      for w in workers)
+              and steps == {(w, s) for w in workers for s in range(1, 11)}
+              and {"serve pull", "serve push"} <= tracks[0]
+              # every worker's every push was served once (and drains besides)
+              and len(pushes) == 10 * len(workers)
+              and sorted({e["args"]["from"] for e in pushes}) == list(workers)
+              # the 5x straggler holds the others' pulls back at the bound
+              and "pull waits" in tracks[0]
+              and all(e["dur"] >= 0 and e["ts"] >= 0 for e in events if e["ph"] == "X"))
+    assert all_ok(ok)
+
+
 def test_config_checks_the_dense_period():
     assert resolve({"consistency": "asp", "dense_period": "auto:16"})["dense_period"] == "auto:16"
     for overrides, message in (({"consistency": "ssp:1", "dense_period": "0"}, "dense_period"),
