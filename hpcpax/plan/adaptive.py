@@ -39,8 +39,9 @@ From ``ssp:S`` (a relaxed segment):
    trajectory -> back; or the segment was not faster than the last BSP
    segment (a trial: not ``MIN_GAIN`` faster) -> back (``bsp``, or the
    ``balanced`` shares a trial came from);
-6. a trial that paid stays (its ``S`` follows stall lengths when stalls
-   appear);
+6. a trial that paid stays, at its ``S`` (stall lengths measured on an
+   oversubscribed or noisy node vary from segment to segment; each change of
+   ``S`` is a phase boundary);
 7. a worker persistently slower (rule 2) -> ``balanced`` (bounded
    staleness cannot absorb persistent slowness);
 8. no stalls seen any more -> ``bsp``;
@@ -223,8 +224,9 @@ class AutoPolicy:
 
         ``work``, ``batch``, ``seconds`` as :func:`analyze` takes them;
         ``losses`` and ``steps`` the segment's per-step losses;
-        ``samples_per_s`` its measured throughput (segment samples over its
-        wall time, boundaries included).
+        ``samples_per_s`` its measured steady throughput (the trainer passes
+        each worker's samples over its step seconds, summed over the workers,
+        the segment's first step left out).
         """
         figures = analyze(work, batch, seconds)
         loss = loss_figures(steps, losses)
@@ -340,8 +342,8 @@ class AutoPolicy:
                 return ("balanced", 0) + balanced
             if figures["stall_fraction"] < MIN_STALL_FRACTION:
                 return "bsp", 0, even, "stalls gone"
-        elif figures["stall_fraction"] < MIN_STALL_FRACTION:
-            return None  # a trial that paid: ssp:1 stays
+        else:
+            return None  # a trial that paid stays, at its staleness
         staleness = self._staleness(figures)
         if staleness != self.staleness:
             return "ssp", staleness, even, (f"stall lengths now: 90 % last <= {staleness} "

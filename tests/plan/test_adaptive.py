@@ -176,6 +176,9 @@ def test_lockstep_tries_ssp_keeps_it_while_it_pays_and_goes_back_when_not():
     assert first["to"] == f"ssp:{TRIAL_STALENESS}" and first["reason"].startswith("lockstep")
     bsp_rate = policy.bsp_rate
     assert decide(policy, 80, trace(seed=1), rate=1.5 * bsp_rate) is None  # paid: stays
+    long_stalls = [(s, s % 3, 5.0, 3) for s in range(0, 40, 6)]  # would ask for ssp:3+
+    assert decide(policy, 100, trace(stalls=long_stalls, seed=4), rate=1.5 * bsp_rate) is None
+    assert policy.consistency == f"ssp:{TRIAL_STALENESS}"  # a paid trial keeps its S
     back = decide(policy, 120, trace(seed=2), rate=1.02 * bsp_rate)       # < 5 % faster
     assert back["to"] == "bsp" and "no gain" in back["reason"] and policy.shares == [4, 4, 4]
     assert decide(policy, 160, trace(seed=3, **lockstep)) is None  # cooling down
