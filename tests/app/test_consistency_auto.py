@@ -15,6 +15,7 @@ from hpcpax.app.checkpoint import latest, read_meta
 from hpcpax.app.trainer import Trainer
 from hpcpax.plan import adaptive
 from trainer_runs import first_worker as leader_value, run_trainer, shared_dir
+from trainer_runs import metrics_lines as records
 from trainer_runs import close as close_to
 
 TINY = {
@@ -31,11 +32,6 @@ def run(comm, **overrides):
 
 def close(a, b):
     return close_to(a, b, rtol=1e-9)
-
-
-def records(run_dir, key):
-    with open(os.path.join(run_dir, "metrics.jsonl"), encoding="utf-8") as handle:
-        return [r for r in map(json.loads, handle) if key in r]
 
 
 @pytest.mark.mpi(min_size=3)

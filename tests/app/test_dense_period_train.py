@@ -20,7 +20,7 @@ from hpcpax.app.config import resolve
 from hpcpax.app.trainer import Trainer
 from hpcpax.errors import ConfigError
 
-from trainer_runs import shared_dir
+from trainer_runs import metrics_lines as lines, shared_dir
 
 TINY = {
     "model": "lm", "vocab_size": 300, "context": 3, "emb_dim": 8, "hidden": [16],
@@ -34,11 +34,6 @@ def run(comm, **overrides):
     trainer.run()
     leader = trainer.topology.worker_ranks[0]
     return comm.bcast((trainer.parameters, trainer.losses, trainer.summary), root=leader)
-
-
-def lines(run_dir, key):
-    with open(os.path.join(run_dir, "metrics.jsonl"), encoding="utf-8") as handle:
-        return [r for r in map(json.loads, handle) if key in r]
 
 
 @pytest.mark.mpi(min_size=2)
