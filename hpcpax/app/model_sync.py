@@ -161,7 +161,8 @@ class ModelSync:
                         bucket_bytes=bucket_bytes, op=dense_op, fabric=self.planning.fabric)
             self.commands = CommandChannel(topo, self.ps, {
                 "switch": self.sync.switch, "save": self._save_command,
-                "load": self._load_command, "set_table": self._set_table_command})
+                "load": self._load_command, "set_table": self._set_table_command,
+                "hot_rows": self.ps.set_hot_rows})  # a plan's hot-row decisions (every rank)
             self._step_ids = {}
             self._pending = None
             self._finished = False

@@ -161,3 +161,24 @@ def test_bad_initial_values_are_refused():
             ModelSync([{"name": "a"}], plan="ps", topology=topo)
     finally:
         topo.free()
+
+
+def test_every_command_the_planner_sends_has_a_handler():
+    """PlanController sends commands to every rank (hot-row decisions, ...): a
+    ModelSync (step API, torch adapter) must handle each of them, like the trainer."""
+    import re
+    from pathlib import Path
+
+    import hpcpax.plan as plan_package
+
+    sent = set()
+    for source in Path(plan_package.__file__).parent.glob("*.py"):
+        sent |= set(re.findall(r"commands\.run\(\s*\"(\w+)\"", source.read_text()))
+    assert "hot_rows" in sent  # the test can fail: it found what the planner sends
+    topo = hpcpax.init(servers_per_node=0)
+    try:
+        sync = ModelSync(specs(), plan="ps", topology=topo, quiet=True)
+        assert sent <= set(sync.commands.handlers), sent - set(sync.commands.handlers)
+        sync.finish()
+    finally:
+        topo.free()
