@@ -9,13 +9,16 @@ the facts the model needs, each measured here and now:
   ``duplex``/``shared_nic`` false when every rank sits on one host (the
   "links" are then copies through one host's memory, done by its cores);
 * ``Allreduce`` over the workers as its own alpha-beta class (on one host
-  MPICH runs a shared-memory algorithm that no link formula describes);
+  MPICH runs a shared-memory algorithm that no link formula describes), on
+  reused buffers and on fresh ones (a densified table is a fresh buffer);
 * kernel rates (:mod:`hpcpax.plan.kernel_rates`), timed on every rank at
   once, so that with more ranks than cores the rates are the ones a step
   sees (the median over ranks is kept);
-* hpcpax's own host overhead per operation (:func:`measure_software`:
-  the Python/NumPy path of a PS pull or push, an allgather push, a dense
-  allreduce, on a one-rank world with a few rows);
+* hpcpax's own fixed cost per operation (:func:`measure_operations`: a
+  PS pull or push, an allgather push, a dense allreduce, the step's figures
+  ``Allreduce``, each with a few rows on this job's own ranks, so that the
+  collectives' latencies under this job's load are in it;
+  :func:`measure_software` is the same path on a one-rank world);
 * the hand-off cost (:func:`measure_handoff`): what each stage of local
   work costs beyond itself when the next collective needs ranks that sat
   polling meanwhile (large when ranks outnumber free cores).
@@ -32,23 +35,55 @@ import time
 
 import numpy as np
 
-__all__ = ["calibrate", "measure_allreduce", "measure_handoff", "time_workers"]
+__all__ = ["calibrate", "fit_relative", "measure_allreduce", "measure_handoff", "measure_operations",
+           "time_workers"]
 
 #: Stage lengths (seconds of local work) at which the hand-off cost is timed.
 HANDOFF_WORK_S = (0.0, 300e-6, 1500e-6)
 
-ALLREDUCE_SIZES = (256, 64 << 10, 256 << 10)
+#: ``Allreduce`` sizes: from the step's small figures to a few MiB (densified tables
+#: and dense buckets are that large; a fit from small sizes alone misses the cache
+#: and memory-bandwidth limits of big ones).
+ALLREDUCE_SIZES = (256, 64 << 10, 1 << 20, 8 << 20)
 
 
-def measure_allreduce(comm, sizes=ALLREDUCE_SIZES, repeats: int = 15) -> dict | None:
+def fit_relative(sizes, seconds) -> tuple:
+    """``(latency_s, bandwidth_Bps)`` of ``seconds ~ latency + size / bandwidth``,
+    least squares on *relative* residuals (each point weighted by ``1 / seconds``).
+
+    Over sizes that span decades, plain least squares lets the largest size's
+    noise set the intercept; relative residuals keep the small sizes' latency.
+    Latency is clamped at 0; a non-positive slope falls back to the largest
+    size over its time. Not collective.
+    """
+    sizes = np.asarray(sizes, np.float64)
+    seconds = np.asarray(seconds, np.float64)
+    if sizes.shape != seconds.shape or sizes.size < 2:
+        raise ValueError(f"sizes and seconds must be equal-length with >= 2 points, not "
+                         f"{sizes.shape} and {seconds.shape}")
+    weight = 1.0 / np.maximum(seconds, 1e-12)
+    design = np.stack([np.ones_like(sizes), sizes], axis=1) * weight[:, None]
+    (latency, per_byte), *_ = np.linalg.lstsq(design, seconds * weight, rcond=None)
+    if latency < 0:  # refit through the origin
+        latency = 0.0
+        per_byte = float(np.sum(sizes * seconds * weight ** 2) / np.sum((sizes * weight) ** 2))
+    if not per_byte > 0:
+        big = int(np.argmax(sizes))
+        per_byte = seconds[big] / max(sizes[big], 1.0)
+    return float(latency), float(1.0 / per_byte)
+
+
+def measure_allreduce(comm, sizes=ALLREDUCE_SIZES, repeats: int = 9,
+                      fresh: bool = False) -> dict | None:
     """``{"latency_s", "bandwidth_Bps"}`` of ``Allreduce`` over ``comm``; **collective**.
 
     Each size is timed ``repeats`` times (the slowest rank's time, after a
-    barrier), sizes interleaved; the medians are fitted like a link.
+    barrier), sizes interleaved; the medians are fitted by :func:`fit_relative`.
+    ``fresh``: each call reduces a buffer allocated (``np.zeros``) just
+    before it, as a densified table is (its pages are faulted in inside the
+    ``Allreduce``, several times slower on some hosts); else buffers reused.
     """
     from mpi4py import MPI
-
-    from ..comm.fabric import fit_link_model
 
     if comm is None or comm.Get_size() < 2:
         return None
@@ -60,11 +95,13 @@ def measure_allreduce(comm, sizes=ALLREDUCE_SIZES, repeats: int = 15) -> dict | 
         for size, buf in zip(sizes, buffers):
             comm.Barrier()
             start = time.perf_counter()
+            if fresh:
+                buf = np.zeros(size // 4, np.float32)
             comm.Allreduce(MPI.IN_PLACE, buf)
             seconds[size].append(comm.allreduce(time.perf_counter() - start, op=MPI.MAX))
-    model = fit_link_model(list(sizes), [float(np.median(seconds[s])) for s in sizes])
-    model = comm.bcast(model, root=0)
-    return {"latency_s": model.latency_s, "bandwidth_Bps": model.bandwidth_Bps}
+    latency, bandwidth = comm.bcast(
+        fit_relative(list(sizes), [float(np.median(seconds[s])) for s in sizes]), root=0)
+    return {"latency_s": latency, "bandwidth_Bps": bandwidth}
 
 
 def measure_handoff(comm, work_s=HANDOFF_WORK_S, repeats: int = 60) -> dict:
@@ -143,10 +180,12 @@ def calibrate(topology, fabric_seconds: float = 1.0, dim: int = 64) -> dict:
     shared.Free()
     fabric = measure_fabric(topology, budget_s=fabric_seconds).to_dict()
     fabric.update(duplex=not one_host, shared_nic=not one_host)
-    measured = measure_allreduce(topology.workers) if topology.is_worker else None
-    measured = comm.bcast(measured, root=topology.worker_ranks[0])
-    if measured is not None and one_host:
-        fabric["allreduce"] = measured
+    for key, fresh in (("allreduce", False), ("allreduce_fresh", True)):
+        measured = measure_allreduce(topology.workers, fresh=fresh) if topology.is_worker \
+            else None
+        measured = comm.bcast(measured, root=topology.worker_ranks[0])
+        if measured is not None and one_host:
+            fabric[key] = measured
     handoff = measure_handoff(comm)
     comm.Barrier()
     mine = measure_kernel_rates(dim=dim, cache=False)
@@ -154,12 +193,36 @@ def calibrate(topology, fabric_seconds: float = 1.0, dim: int = 64) -> dict:
     kernels = {name: {key: float(np.median([r[name][key] for r in everyone]))
                       for key in ("call_s", "unit_s")} for name in mine}
     comm.Barrier()
-    mine = measure_software()
-    everyone = comm.allgather(mine)
-    software = {name: {key: float(np.median([r[name][key] for r in everyone]))
-                       for key in ("call_s", "per_variable_s")} for name in mine}
+    software = measure_operations(topology)
     return {"fabric": fabric, "kernels": kernels, "handoff": handoff, "software": software,
-            "one_host": bool(one_host)}
+            "software_scope": "job", "one_host": bool(one_host)}
+
+
+def _thread_limits():
+    """This rank's BLAS and Numba thread settings (to restore them later)."""
+    from ..ops import _numba
+
+    blas = None
+    try:
+        from threadpoolctl import threadpool_info  # noqa: PLC0415
+
+        blas = [p["num_threads"] for p in threadpool_info() if p.get("user_api") == "blas"]
+    except ImportError:
+        pass
+    return _numba._DEFAULT_THREADS, blas
+
+
+def _restore_thread_limits(saved):
+    """Undo a one-rank world's thread limits: a one-rank ``hpcpax.init`` gives this rank
+    every core, and a job with more ranks than cores then computes many times slower."""
+    from ..ops import _numba
+
+    numba_threads, blas = saved
+    _numba._DEFAULT_THREADS = numba_threads
+    if blas:
+        from threadpoolctl import threadpool_limits  # noqa: PLC0415
+
+        threadpool_limits(limits=min(blas), user_api="blas")
 
 
 def _per_op(call, repeats):
@@ -194,7 +257,8 @@ def measure_software(counts=(1, 8), repeats: int = 30, dim: int = 16) -> dict:
     from ..ps.sparse_grad import SparseGrad
     from ..sync.replicated import ReplicatedTable, push_many
 
-    topo = hpcpax.init(None, 0, comm=MPI.COMM_SELF)
+    saved = _thread_limits()
+    topo = hpcpax.init(None, 0, comm=MPI.COMM_SELF)  # (it sets this rank's thread limits)
     try:
         ids = np.arange(4, dtype=np.int64)
         values = np.ones((4, dim), np.float32)
@@ -221,8 +285,106 @@ def measure_software(counts=(1, 8), repeats: int = 30, dim: int = 16) -> dict:
             ps.shutdown()
     finally:
         topo.free()
+        _restore_thread_limits(saved)
     out = {}
     for name, ((k0, t0), (k1, t1)) in points.items():
         per = max((t1 - t0) / (k1 - k0), 0.0)
         out[name] = {"call_s": max(t0 - per * k0, 0.0), "per_variable_s": per}
     return out
+
+
+def measure_operations(topology, counts=(1, 8), repeats: int = 15, dim: int = 16) -> dict:
+    """hpcpax's fixed seconds per operation on this job's ranks; **collective**.
+
+    Like :func:`measure_software`, but each operation runs on ``topology``
+    itself (servers serving, every worker calling), with 4 rows per table,
+    so what remains is the operation's fixed cost as a step pays it: the
+    Python/NumPy path on every rank *and* its collectives' latencies with
+    this job's ranks on this machine's cores (an oversubscribed host makes
+    every collective wait for descheduled ranks). Workers start each call
+    together (a workers' barrier); the ``k`` values are interleaved, so
+    both see the same load; each worker keeps its median, and the mean over
+    workers is kept (the trainer reports phase times as means over
+    workers). Fitted per operation to ``call_s + per_variable_s * k``.
+    Operations: ``ps_pull``, ``ps_push`` (with local aggregation, and
+    ``*_no_aggregation`` without; the same where a node has one worker),
+    ``allgather_push``, ``dense_allreduce`` and ``control`` (the trainer's
+    per-step figures ``Allreduce``, see
+    :data:`hpcpax.plan.step_model.REDUCE_STEP_BYTES`).
+    """
+    from mpi4py import MPI
+
+    from ..comm.allreduce import DenseAllreduce
+    from ..ps.server import ParameterServer, SparseVariableSpec
+    from ..ps.sparse_grad import SparseGrad
+    from ..sync.replicated import ReplicatedTable, push_many
+    from .step_model import REDUCE_STEP_BYTES
+
+    comm = topology.comm
+    rows = 64 * max(1, comm.Get_size())
+    # 4 ids spread over the table, so every owner gets a request (as in a real step)
+    ids = (np.arange(4, dtype=np.int64) * (rows // 4) + max(0, topology.worker_index)) % rows
+    values = np.ones((4, dim), np.float32)
+    specs = [SparseVariableSpec(f"calibrate_{i}", rows=rows, dim=dim) for i in range(max(counts))]
+    keys = [s.name for s in specs]
+    ps = ParameterServer(topology)
+    if not topology.is_worker:
+        ps.serve()  # the register, the pulls and pushes, until the shutdown
+        return comm.bcast(None, root=topology.worker_ranks[0])
+    ps.register(specs)
+
+    def pull(names):
+        return lambda: ps.pull_unique_many({n: ids for n in names})
+
+    def push(names):
+        return lambda: ps.push_many({n: SparseGrad(ids, values, rows) for n in names})
+
+    def set_aggregation(enabled):
+        return lambda: [ps.set_local_aggregation(n, enabled) for n in keys]
+
+    tables = {s.name: ReplicatedTable(topology, s, "allgather") for s in specs}
+    engines = {k: DenseAllreduce(topology, {f"w{i}": ((16,), np.float32) for i in range(k)})
+               for k in counts}
+    grads = {f"w{i}": np.ones(16, np.float32) for i in range(max(counts))}
+    vector = np.zeros(REDUCE_STEP_BYTES // 8, np.float64)
+    # (operation, setup before it, call for k tables)
+    operations = [
+        ("ps_pull", set_aggregation(True), lambda k: pull(keys[:k])),
+        ("ps_push", None, lambda k: push(keys[:k])),
+        ("ps_pull_no_aggregation", set_aggregation(False), lambda k: pull(keys[:k])),
+        ("ps_push_no_aggregation", None, lambda k: push(keys[:k])),
+        ("allgather_push", None, lambda k: lambda: push_many(
+            {n: tables[n] for n in keys[:k]},
+            {n: SparseGrad(ids, values, rows) for n in keys[:k]})),
+        ("dense_allreduce", None, lambda k: lambda: engines[k].allreduce(
+            {f"w{i}": grads[f"w{i}"] for i in range(k)})),
+        ("control", None, lambda k: lambda: topology.workers.Allreduce(MPI.IN_PLACE, vector)),
+    ]
+    times = {(name, k): [] for name, _, _ in operations for k in counts}
+    for name, setup, make in operations:
+        if setup is not None:
+            setup()
+        calls = {k: make(k) for k in counts}
+        for k in counts:
+            calls[k]()  # warm up
+        for _ in range(repeats):
+            for k in counts:
+                topology.workers.Barrier()
+                start = time.perf_counter()
+                calls[k]()
+                times[(name, k)].append(time.perf_counter() - start)
+    ps.shutdown()
+    mine = {key: float(np.median(v)) for key, v in times.items()}
+    means = topology.workers.allreduce(mine, op=_sum_dicts)
+    n = topology.workers.Get_size()
+    out = {}
+    k0, k1 = counts[0], counts[-1]
+    for name, _, _ in operations:
+        t0, t1 = means[(name, k0)] / n, means[(name, k1)] / n
+        per = max((t1 - t0) / (k1 - k0), 0.0) if name != "control" else 0.0
+        out[name] = {"call_s": max(t0 - per * k0, 0.0), "per_variable_s": per}
+    return comm.bcast(out, root=topology.worker_ranks[0])
+
+
+def _sum_dicts(a, b, _datatype=None):
+    return {key: a[key] + b[key] for key in a}

@@ -224,6 +224,12 @@ class CostParams:
             :func:`hpcpax.plan.calibrate.measure_software`. It includes the
             kernels' fixed cost per call, so with it :meth:`kernel` counts
             only their per-unit cost.
+        software_scope: where ``software`` was measured: ``"process"`` (a
+            one-rank world, :func:`~hpcpax.plan.calibrate.measure_software`:
+            the host path only) or ``"job"`` (the job's own ranks,
+            :func:`~hpcpax.plan.calibrate.measure_operations`: the host path
+            and the latencies of the operation's collectives, which the step
+            model then does not charge again).
         source: where the numbers come from (printed with predictions).
     """
 
@@ -237,7 +243,13 @@ class CostParams:
     backward_fraction: float = 2.0 / 3.0
     handoff: dict | None = None
     software: dict | None = None
+    software_scope: str = "process"
     source: str = ""
+
+    def __post_init__(self):
+        if self.software_scope not in ("process", "job"):
+            raise ValueError(f"software_scope must be 'process' or 'job', "
+                             f"not {self.software_scope!r}")
 
     @classmethod
     def measured(cls, dim: int = 64, dtype: str = "float32", **overrides) -> "CostParams":
@@ -281,7 +293,8 @@ class CostParams:
                 "server_gather_Bps": self.server_gather_Bps, "server_lanes": self.server_lanes,
                 "kernels": self.kernels, "ps_batch": self.ps_batch,
                 "overlap_dense": self.overlap_dense, "backward_fraction": self.backward_fraction,
-                "handoff": self.handoff, "software": self.software, "source": self.source}
+                "handoff": self.handoff, "software": self.software,
+                "software_scope": self.software_scope, "source": self.source}
 
 
 def _routing(var: VarSpec, method: str, layout, partitions: int, local_aggregation: bool):
