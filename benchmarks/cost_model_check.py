@@ -5,7 +5,8 @@ each model, the job first measures the model's constants under the same
 load as the runs that follow (:func:`hpcpax.plan.calibrate.calibrate`: fabric,
 ``Allreduce``, kernel rates, hand-off, hpcpax's host overhead, with every
 rank busy; the models' compute per step with every worker computing at
-once). Then it trains each model (``lm``, ``ctr``) at two
+once, each call with the core's caches evicted first, as in a step). Then it trains
+each model (``lm``, ``ctr``) at two
 sparsity levels with each method (``ps`` with and without local
 aggregation, ``ps`` with 16 partitions, ``allgather``, ``dense``),
 interleaved over ``--rounds`` rounds (the methods' order rotates from round
@@ -82,7 +83,7 @@ def _plan_for(trainer_names, method):
 def _calibrate_compute(topo, config):
     """Data and forward/backward seconds per step, every worker at once."""
     from hpcpax.app.trainer import Trainer
-    from hpcpax.plan.calibrate import time_workers
+    from hpcpax.plan.calibrate import evict_caches, time_workers
 
     from hpcpax.app.datasets import build_model, open_data
 
@@ -107,9 +108,10 @@ def _calibrate_compute(topo, config):
         unique = np.unique(values)
         rows[name] = (unique, rng.standard_normal((unique.size, specs[name].dim)).astype(
             np.float32) * 0.01)
-    data_s = time_workers(topo, data, repeats=15)
+    # cache-cold, as in a step (its pull and push move other data between two computes)
+    data_s = time_workers(topo, data, repeats=15, between=evict_caches)
     compute_s = time_workers(topo, lambda: model.forward_backward(dense, rows, batch, position),
-                             repeats=15)
+                             repeats=15, between=evict_caches)
     return data_s, compute_s
 
 

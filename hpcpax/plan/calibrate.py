@@ -35,7 +35,7 @@ import time
 
 import numpy as np
 
-__all__ = ["calibrate", "fit_relative", "measure_allreduce", "measure_handoff", "measure_operations",
+__all__ = ["calibrate", "evict_caches", "fit_relative", "private_cache_bytes", "measure_allreduce", "measure_handoff", "measure_operations",
            "time_workers"]
 
 #: Stage lengths (seconds of local work) at which the hand-off cost is timed.
@@ -140,11 +140,14 @@ def measure_handoff(comm, work_s=HANDOFF_WORK_S, repeats: int = 60) -> dict:
     return comm.bcast(result, root=0)
 
 
-def time_workers(topology, call, repeats: int = 5, warmup: int = 1) -> float:
+def time_workers(topology, call, repeats: int = 5, warmup: int = 1,
+                 between=None) -> float:
     """Median seconds of ``call()`` on the workers, all at once; **collective**.
 
-    Servers wait in a barrier meanwhile. Every rank returns the median over
-    workers of each worker's median.
+    Servers wait in a barrier meanwhile. ``between()``, when given, runs
+    before each timed call, untimed (e.g. :func:`evict_caches`: in a step
+    the pull and push move other data between two computes). Every rank
+    returns the median over workers of each worker's median.
     """
     comm = topology.comm
     mine = None
@@ -154,6 +157,8 @@ def time_workers(topology, call, repeats: int = 5, warmup: int = 1) -> float:
         topology.workers.Barrier()
         times = []
         for _ in range(repeats):
+            if between is not None:
+                between()
             start = time.perf_counter()
             call()
             times.append(time.perf_counter() - start)
@@ -161,6 +166,41 @@ def time_workers(topology, call, repeats: int = 5, warmup: int = 1) -> float:
     comm.Barrier()
     values = [v for v in comm.allgather(mine) if v is not None]
     return float(np.median(values))
+
+
+_EVICT = {}
+
+
+def private_cache_bytes(cpu: int = 0) -> int:
+    """Bytes of the largest cache private to one core (Linux sysfs; 2 MiB if unknown)."""
+    import glob
+    import os
+
+    best = 0
+    for index in glob.glob(f"/sys/devices/system/cpu/cpu{cpu}/cache/index*"):
+        try:
+            with open(os.path.join(index, "shared_cpu_list"), encoding="ascii") as handle:
+                shared = handle.read().strip()
+            with open(os.path.join(index, "size"), encoding="ascii") as handle:
+                size = handle.read().strip()
+        except OSError:
+            continue
+        if "," in shared or "-" in shared:
+            continue  # shared between cores
+        units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+        best = max(best, int(size[:-1]) * units[size[-1]] if size[-1] in units else int(size))
+    return best or (2 << 20)
+
+
+def evict_caches(nbytes: int | None = None) -> None:
+    """Write ``nbytes`` of scratch memory (default 4 x :func:`private_cache_bytes`),
+    pushing other data out of the core's private caches, as a step's pull and push
+    do between two computes. Local."""
+    nbytes = int(nbytes or 4 * private_cache_bytes())
+    buf = _EVICT.get(nbytes)
+    if buf is None:
+        buf = _EVICT[nbytes] = np.zeros(nbytes // 8, np.float64)
+    buf += 1.0
 
 
 def calibrate(topology, fabric_seconds: float = 1.0, dim: int = 64) -> dict:

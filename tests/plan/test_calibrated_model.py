@@ -207,3 +207,20 @@ def test_densified_tables_use_the_fresh_buffer_allreduce():
     plain = coll.Links.from_fabric({k: v for k, v in fabric.items() if k != "allreduce_fresh"})
     pred = predict_step(layout, plain, CostParams(), {"t": routing}, include_control=False)
     assert pred.phases["push"] == pytest.approx(2 * 1e-5 + (table + mask) / 4e9)
+
+
+def test_compute_is_timed_cache_cold():
+    """``time_workers`` runs ``between`` (untimed) before every timed call."""
+    from types import SimpleNamespace
+
+    from mpi4py import MPI
+
+    from hpcpax.plan.calibrate import evict_caches, private_cache_bytes, time_workers
+
+    order = []
+    topo = SimpleNamespace(comm=MPI.COMM_SELF, workers=MPI.COMM_SELF, is_worker=True)
+    seconds = time_workers(topo, lambda: order.append("call"), repeats=3, warmup=1,
+                           between=lambda: order.append("evict"))
+    assert order == ["call"] + ["evict", "call"] * 3 and seconds >= 0.0
+    assert private_cache_bytes() >= 1 << 15
+    evict_caches(1 << 16)  # runs
