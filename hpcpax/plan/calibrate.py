@@ -341,11 +341,12 @@ def measure_operations(topology, counts=(1, 8), repeats: int = 15, dim: int = 16
     so what remains is the operation's fixed cost as a step pays it: the
     Python/NumPy path on every rank *and* its collectives' latencies with
     this job's ranks on this machine's cores (an oversubscribed host makes
-    every collective wait for descheduled ranks). Workers start each call
-    together (a workers' barrier); the ``k`` values are interleaved, so
-    both see the same load; each worker keeps its median, and the mean over
-    workers is kept (the trainer reports phase times as means over
-    workers). Fitted per operation to ``call_s + per_variable_s * k``.
+    every collective wait for descheduled ranks). The operations run one
+    after the other, as in a step, without a barrier between them, so each
+    also holds the hand-off from the one before; the ``k`` values are
+    interleaved, so both see the same load; each worker keeps its median,
+    and the mean over workers is kept (the trainer reports phase times as
+    means over workers). Fitted per operation to ``call_s + per_variable_s * k``.
     Operations: ``ps_pull``, ``ps_push`` (with local aggregation, and
     ``*_no_aggregation`` without; the same where a node has one worker),
     ``allgather_push``, ``dense_allreduce`` and ``control`` (the trainer's
@@ -401,18 +402,19 @@ def measure_operations(topology, counts=(1, 8), repeats: int = 15, dim: int = 16
         ("control", None, lambda k: lambda: topology.workers.Allreduce(MPI.IN_PLACE, vector)),
     ]
     times = {(name, k): [] for name, _, _ in operations for k in counts}
-    for name, setup, make in operations:
-        if setup is not None:
-            setup()
-        calls = {k: make(k) for k in counts}
+    calls = {(name, k): make(k) for name, _, make in operations for k in counts}
+    topology.workers.Barrier()
+    for repeat in range(repeats + 1):  # the first is a warm-up
         for k in counts:
-            calls[k]()  # warm up
-        for _ in range(repeats):
-            for k in counts:
-                topology.workers.Barrier()
+            # one after the other as in a step (no barrier): each call pays the
+            # hand-off from the one before, with ranks arriving as they come
+            for name, setup, _ in operations:
+                if setup is not None:
+                    setup()
                 start = time.perf_counter()
-                calls[k]()
-                times[(name, k)].append(time.perf_counter() - start)
+                calls[(name, k)]()
+                if repeat:
+                    times[(name, k)].append(time.perf_counter() - start)
     ps.shutdown()
     mine = {key: float(np.median(v)) for key, v in times.items()}
     means = topology.workers.allreduce(mine, op=_sum_dicts)

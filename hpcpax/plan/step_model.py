@@ -29,7 +29,8 @@ The hand-off (``CostParams.handoff``) is what local work costs beyond
 itself when ranks that sat polling meanwhile must join the next collective:
 ``handoff_s`` once per operation of the step (a PS pull or push, an
 allgather push, each densified table's ``Allreduce``, the dense allreduce,
-the step's figures), plus ``handoff_per_work`` times the work only for
+the step's figures; not with job-scope operation costs, timed one after
+the other as in a step, which hold it), plus ``handoff_per_work`` times the work only for
 *server* work (servers work while the workers wait, as in its
 measurement); the workers' own stages (data, compute, client kernels) run
 on every worker at once and their rates are measured that way, under the
@@ -91,9 +92,11 @@ class StepPrediction:
             self.hand_off(phase, handoff_seconds(self.handoff, resource, seconds))
 
     def hand_off(self, phase, seconds=None):
-        """Charge a hand-off to ``scheduling``: ``seconds``, or the per-operation ``handoff_s``."""
+        """Charge a hand-off to ``scheduling``: ``seconds``, or the per-operation
+        ``handoff_s`` (not when the operations' measured costs hold it already)."""
         if seconds is None:
-            seconds = float((self.handoff or {}).get("handoff_s", 0.0))
+            seconds = 0.0 if self.latency_included else float(
+                (self.handoff or {}).get("handoff_s", 0.0))
         if seconds > 0:
             self.phases[phase] = self.phases.get(phase, 0.0) + seconds
             self.resources["scheduling"] = self.resources.get("scheduling", 0.0) + seconds

@@ -224,3 +224,14 @@ def test_compute_is_timed_cache_cold():
     assert order == ["call"] + ["evict", "call"] * 3 and seconds >= 0.0
     assert private_cache_bytes() >= 1 << 15
     evict_caches(1 << 16)  # runs
+
+
+def test_job_scope_operations_hold_the_per_operation_handoff():
+    """Operations timed one after the other hold their hand-offs: only the server work's
+    per-work share is added then."""
+    layout = Layout.from_shape(1, 2, 0)
+    handoff = {"handoff_s": 1e-4, "handoff_per_work": 0.5}
+    job = predict_step(layout, FAST, CostParams(handoff=handoff, software=SOFTWARE,
+                                                software_scope="job"),
+                       {"t": _ps_routing(layout)}, dense_bytes=[64], include_control=True)
+    assert "scheduling" not in job.resources
