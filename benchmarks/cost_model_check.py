@@ -191,6 +191,7 @@ def _one_run(comm, config, method, steps, warmup, workdir, calibration, compute,
         params = CostParams(kernels=calibration["kernels"], handoff=calibration["handoff"],
                             software=calibration["software"],
                             software_scope=calibration.get("software_scope", "process"),
+                            partition_overhead_s=calibration.get("partition_overhead_s", 0.0),
                             source="calibrated in this job")
         links = Links.from_fabric(calibration["fabric"])
         predictions = [predict_step(layout, links, params, r, dense_bytes, compute_s=compute[1],
