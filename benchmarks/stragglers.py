@@ -18,7 +18,12 @@ in every scenario: ``ratio_balanced_bsp_vs_bsp_persistent`` and
 the best fixed mode of that round; each scenario also under its own key)
 compare samples over training seconds (mode changes included) of every
 mode alike; ``loss_gap_auto`` is the worst scenario's relative loss gap of
-``auto`` against ``bsp``. ``--only`` and ``--modes`` run a subset.
+``auto`` against ``bsp``. In ``none``, ``ssp:3+dense-auto`` (``ssp:3`` with
+``--dense-period auto``) runs too: ``ratio_dense_period_auto_vs_every_step``
+and ``loss_gap_dense_period_auto`` compare it with ``ssp:3`` (replicas
+refreshed every step), with each worker's final ``k`` and the number of
+changes in ``dense_k`` / ``dense_k_changes``. ``--only`` and ``--modes``
+run a subset.
 
 A straggler sleeps (FACTOR - 1) x its own compute time, so it costs no CPU.
 Samples/s is every worker's samples over the training wall time (``asp`` runs
@@ -57,6 +62,8 @@ QUICK = {"model": "lm", "vocab_size": 2_000, "emb_dim": 8, "context": 3, "hidden
          "out_dim": 8, "num_sampled": 32, "global_batch": 96, "plan": "ps", "quiet": True}
 STALLS = "0.05:5"
 STALENESS = 3
+#: ssp:3 with the dense refresh period set at run time (--dense-period auto).
+DENSE_AUTO = f"ssp:{STALENESS}+dense-auto"
 GOALS = {"ratio_ssp_vs_bsp_transient": (">=", 1.3), "ratio_asp_vs_bsp_persistent": (">=", 1.5),
          "overhead_relaxed_no_straggler": ("<=", 1.05), "loss_gap_ssp": ("<=", 0.02),
          "ratio_balanced_bsp_vs_bsp_persistent": (">=", 1.4),
@@ -65,13 +72,14 @@ GOALS = {"ratio_ssp_vs_bsp_transient": (">=", 1.3), "ratio_asp_vs_bsp_persistent
 
 #: Modes that are not a --consistency value: their settings.
 MODES = {"balanced": {"consistency": "bsp", "batch_shares": "speed", "rebalance_every": 10},
-         "auto": {"consistency": "auto", "auto_segment": 10}}
+         "auto": {"consistency": "auto", "auto_segment": 10},
+         DENSE_AUTO: {"consistency": f"ssp:{STALENESS}", "dense_period": "auto"}}
 
 
 def scenarios(workers_last_rank):
     """``{name: (settings, (reference, relaxed, *more modes))}``."""
     return {
-        "none": ({}, ("bsp", f"ssp:{STALENESS}", "auto")),
+        "none": ({}, ("bsp", f"ssp:{STALENESS}", "auto", DENSE_AUTO)),
         "transient": ({"stalls": STALLS}, ("bsp", f"ssp:{STALENESS}", "auto")),
         "persistent": ({"straggler": f"{workers_last_rank}:2"},
                        ("bsp", "asp", "balanced", "auto")),
@@ -97,12 +105,27 @@ def one_run(comm, base, consistency, extra, steps, seed, workdir):
                   "samples_per_s_train": samples / summary["train_seconds"],
                   "auto": [(d["step"], d["to"]) for d in summary.get("auto") or []],
                   "loss": float(np.mean(tail)), "worker_steps": summary.get("worker_steps"),
+                  "compute_share": compute_share(run_dir),
+                  "dense_k": (summary.get("dense_period") or {}).get("final_k"),
+                  "dense_k_changes": len((summary.get("dense_period") or {}).get("changes", [])),
                   "max_staleness": stale.get("max_gap"),
                   "staleness_violations": stale.get("violations"),
                   "server_cpu_fraction": (sum(s["cpu_seconds"] for s in servers)
                                           / max(1e-9, sum(s["phase_seconds"] for s in servers))
                                           if servers else None)}
     return comm.bcast(result, root=leader)
+
+
+def compute_share(run_dir):
+    """Mean share of a step the workers spent in ``compute`` (straggler sleeps included)."""
+    phases = {}
+    with open(os.path.join(run_dir, "metrics.jsonl"), encoding="utf-8") as handle:
+        for line in handle:
+            record = json.loads(line)
+            for phase, seconds in record.get("time", {}).items():
+                phases[phase] = phases.get(phase, 0.0) + seconds
+    total = sum(phases.values())
+    return phases.get("compute", 0.0) / total if total else None
 
 
 def spread(values):
@@ -120,6 +143,8 @@ def main():
     parser.add_argument("--lr", type=float, default=0.001, help="dense Adam learning rate "
                         "(the trainer's default 0.003 is unstable under ssp:3 staleness here)")
     parser.add_argument("--global-batch", type=int, default=MODEL["global_batch"])
+    parser.add_argument("--hidden", default=None, help="hidden widths, e.g. 512,512 "
+                        "(default 256,256); with --global-batch: a compute-heavier step")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--only", default=None, help="comma-separated scenarios to run "
                         "(none, transient, persistent; default all)")
@@ -132,6 +157,8 @@ def main():
     base["lr"] = args.lr
     if not args.quick:
         base["global_batch"] = args.global_batch
+        if args.hidden:
+            base["hidden"] = [int(x) for x in args.hidden.split(",")]
     comm = MPI.COMM_WORLD
     size = comm.Get_size()
     if size < 3:
@@ -169,6 +196,7 @@ def main():
         ratio[name] = [b["samples_per_s"] / a["samples_per_s"] for a, b in pairs]
         ratio[name + "_loss"] = [abs(b["loss"] - a["loss"]) / a["loss"] for a, b in pairs]
         out[name] = {c: {"samples_per_s": spread([x["samples_per_s"] for x in results]),
+                         "compute_share": spread([x["compute_share"] for x in results]),
                          "samples_per_s_train": spread([x["samples_per_s_train"]
                                                         for x in results]),
                          "auto_decisions": [x["auto"] for x in results] if c == "auto"
@@ -176,6 +204,8 @@ def main():
                          "loss": spread([x["loss"] for x in results]),
                          "worker_steps": results[-1]["worker_steps"],
                          "max_staleness": max((x["max_staleness"] or 0) for x in results),
+                         "dense_k": [x["dense_k"] for x in results],
+                         "dense_k_changes": [x["dense_k_changes"] for x in results],
                          "server_cpu_fraction": spread([x["server_cpu_fraction"]
                                                         for x in results])}
                      for c, results in runs[name].items()}
@@ -221,11 +251,19 @@ def runtime_figures(runs, cases) -> dict:
         figures["ratio_balanced_bsp_vs_bsp_persistent"] = spread(
             [b["samples_per_s_train"] / a["samples_per_s_train"]
              for a, b in zip(persistent["bsp"], persistent["balanced"])])
+    none = runs.get("none", {})
+    ssp = f"ssp:{STALENESS}"
+    if none.get(DENSE_AUTO) and none.get(ssp):
+        pairs = list(zip(none[ssp], none[DENSE_AUTO]))
+        figures["ratio_dense_period_auto_vs_every_step"] = spread(
+            [b["samples_per_s_train"] / a["samples_per_s_train"] for a, b in pairs])
+        figures["loss_gap_dense_period_auto"] = spread(
+            [abs(b["loss"] - a["loss"]) / a["loss"] for a, b in pairs])
     worst, gaps = None, []
     for name, (_, modes) in cases.items():
         if "auto" not in modes or len(modes) < 2:
             continue
-        fixed = [m for m in modes if m != "auto"]
+        fixed = [m for m in modes if m not in ("auto", DENSE_AUTO)]
         per_round = [x["samples_per_s_train"] / max(runs[name][m][r]["samples_per_s_train"]
                                                     for m in fixed)
                      for r, x in enumerate(runs[name]["auto"])]

@@ -24,7 +24,10 @@ same next segment. A change is printed once, written to ``metrics.jsonl``
 state is kept in checkpoints (BSP-style; one written at a segment's last
 step holds the state before that segment's decision, which a resumed run
 makes again after its first segment).
-The first step of a run is left out of the measurements (warm-up).
+A segment's first step (the warm-up of a run, a mode switch, a relaxed
+phase's start) is left out of its measurements, and its throughput is the
+steady state: each worker's samples over its step seconds, summed over the
+workers (the cost of a switch is bounded by the segments' doubling).
 """
 
 from __future__ import annotations
@@ -96,7 +99,6 @@ class AutoRun:
         try:
             while step <= config["steps"] and not t.stopped:
                 end = self._segment_end(step)
-                began = time.perf_counter()
                 if self.policy.mode == "ssp":
                     self._relaxed_segment(step, end, metrics)
                 else:
@@ -106,9 +108,8 @@ class AutoRun:
                             break
                         for hook in t.hooks:
                             hook(t, s)
-                wall = time.perf_counter() - began
                 with t.watchdog.guard(f"auto: decision after step {t._loop['last']}"):
-                    self._decide(step, t._loop["last"], wall, metrics, warm=step == 1)
+                    self._decide(step, t._loop["last"], metrics)
                 step = t._loop["last"] + 1
         finally:
             metrics.close()
@@ -187,11 +188,11 @@ class AutoRun:
             t.save_checkpoint(last)
 
     # --------------------------------------------------------- decisions
-    def _decide(self, first, last, wall, metrics, warm) -> None:
+    def _decide(self, first, last, metrics) -> None:
         """Gather the segment's figures, decide on the first worker, apply everywhere."""
         t = self.trainer
         topo = t.topology
-        mine = [f for f in self.figures if first + (1 if warm else 0) <= f[0] <= last]
+        mine = [f for f in self.figures if first + 1 <= f[0] <= last]  # not the switch
         self.figures = []
         gathered = topo.workers.gather(mine, root=0)
         decision = None
@@ -203,7 +204,9 @@ class AutoRun:
                                   for s in steps], np.float64)
                 losses = t.losses[-(last - first + 1):]
                 loss_steps = list(range(last - len(losses) + 1, last + 1))
-                rate = t.config["global_batch"] * (last - first + 1) / max(wall, 1e-9)
+                # steady state: each worker's samples over its step seconds, summed
+                rate = float(sum(table[:, w, 1].sum() / max(table[:, w, 2].sum(), 1e-9)
+                                 for w in range(len(gathered))))
                 decision = self.policy.decide(last, table[:, :, 0], table[:, :, 1],
                                               table[:, :, 2], losses, loss_steps, rate)
         state = topo.workers.bcast(self.policy.state() if t.is_leader else None, root=0)
@@ -212,6 +215,8 @@ class AutoRun:
         t.balance.shares = list(self.policy.shares)
         if decision is not None:
             metrics.write({"step": last, "auto": decision})
+            t.planning.runtime["consistency_auto"] = self.policy.history
+            t.write_plan()
             t.runtime.timeline.instant(f"auto: {decision['to']}", decision)
             t.log(f"auto: step {last}: {decision['from']} -> {decision['to']}: "
                   f"{decision['reason']}", important=True)

@@ -11,13 +11,13 @@ command line. Nothing here is collective.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import tomllib
 from dataclasses import dataclass
 
 from ..errors import ConfigError
 from ..sync import METHODS
+from .plan_file import load_plan_file, normalize_plan
 
 __all__ = ["FLAGS", "MODEL_FLAGS", "TRAINING_KEYS", "PLAN_MODES", "parse_args", "resolve",
            "load_toml", "model_kwargs", "normalize_plan", "load_plan_file"]
@@ -106,6 +106,9 @@ FLAGS = (
          "from measured step times). Relaxed models and auto need server ranks and --plan ps"),
     Flag("auto_segment", "int", 10, "consistency auto: steps of the first measured segment "
          "(doubling while the mode stays, up to 8x)", minimum=3),
+    Flag("dense_period", "str", "1", "relaxed models: steps between refreshes of the dense "
+         "replicas from the servers (local updates in between): K, or auto / auto:KMAX (set "
+         "at run time from the replicas' measured divergence)"),
     Flag("consistency_groups", "str", "worker", "what a relaxed model relaxes: each worker "
          "against the others, or whole nodes (BSP inside a node)", ("worker", "node")),
     Flag("straggler", "str", None, "RANK:FACTOR[,...]: that world rank sleeps (FACTOR - 1) x "
@@ -117,8 +120,8 @@ FLAGS = (
          "re-agreed every --rebalance-every steps); global batch and gradient stay BSP's"),
     Flag("rebalance_every", "int", 20, "batch_shares speed: steps between re-evaluations",
          minimum=1),
-    Flag("trace", "str", None, "write a per-rank timeline of the BSP steps to this file "
-         "(Chrome/Perfetto trace-event JSON: phases, barrier waits, decisions)"),
+    Flag("trace", "str", None, "write a per-rank timeline to this file (Chrome/Perfetto "
+         "trace-event JSON: phases, barrier waits, decisions; relaxed runs: servers too)"),
     Flag("bucket_bytes", "int", 1 << 20, "dense allreduce fusion buffer bytes (0: autotune)",
          minimum=0),
     # run directory, checkpoints, evaluation
@@ -243,54 +246,6 @@ def _check_value(flag: Flag, value, where: str):
     return value
 
 
-def normalize_plan(plan: dict, where: str = "plan") -> dict:
-    """Check a per-variable plan table (or a :class:`hpcpax.plan.Plan` JSON dict, whose dense
-    variables are ignored): ``{name: {"method", "partitions", "owners", "local_aggregation"}}``
-    with None where not given (and a ``ps`` entry's ``hot_rows``, checked at build)."""
-    if "variables" in plan and isinstance(plan["variables"], (list, dict)):
-        entries = plan["variables"]
-        if isinstance(entries, list):
-            entries = {entry.get("name"): entry for entry in entries
-                       if isinstance(entry, dict) and entry.get("kind", "sparse") == "sparse"}
-        plan = entries
-    out = {}
-    for name, entry in plan.items():
-        if not isinstance(entry, dict):
-            raise ConfigError(f"{where}[{name!r}] must be a table, not {type(entry).__name__}")
-        unknown = set(entry) - {"method", "partitions", "owners", "kind", "name", "shape",
-                                "dtype", "local_aggregation", "wire_dtype", "predicted_s",
-                                "facts", "reason", "hot_rows"}
-        if unknown:
-            raise ConfigError(f"{where}[{name!r}]: unknown key {sorted(unknown)[0]!r}")
-        method = entry.get("method", "ps")
-        if method not in METHODS:
-            hint = " (a densified sparse table is 'allreduce')" if method == "dense" else ""
-            raise ConfigError(f"{where}[{name!r}].method must be one of {list(METHODS)}, "
-                              f"not {method!r}{hint}")
-        partitions = entry.get("partitions")
-        if partitions is not None and (isinstance(partitions, bool)
-                                       or not isinstance(partitions, int) or partitions < 1):
-            raise ConfigError(f"{where}[{name!r}].partitions must be a positive int, "
-                              f"not {partitions!r}")
-        owners = entry.get("owners") or None
-        if owners is not None:
-            if method != "ps":
-                owners = None  # a replicated variable has no owners
-            elif not isinstance(owners, list) or not all(
-                    isinstance(o, int) and not isinstance(o, bool) and o >= 0 for o in owners):
-                raise ConfigError(f"{where}[{name!r}].owners must be a list of owner indices "
-                                  f">= 0, not {owners!r}")
-        local = entry.get("local_aggregation")
-        if local is not None and not isinstance(local, bool):
-            raise ConfigError(f"{where}[{name!r}].local_aggregation must be true or false, "
-                              f"not {local!r}")
-        out[str(name)] = {"method": method, "partitions": partitions if method == "ps" else None,
-                          "owners": owners, "local_aggregation": local if method == "ps" else None}
-        if entry.get("hot_rows") is not None and method == "ps":  # see build.hot_rows_requests
-            out[str(name)]["hot_rows"] = entry["hot_rows"]
-    return out
-
-
 def load_toml(path) -> dict:
     """Read a TOML config; keys are flag names with underscores.
 
@@ -362,17 +317,27 @@ def _check_combination(config):
 
 def _check_consistency(config):
     from ..ps.consistency import parse_consistency_spec
+    from ..plan.dense_period import parse_dense_period
     from .balance import check_run_time
     from .stragglers import parse_stalls, parse_straggler
 
     parse_straggler(config["straggler"])
     parse_stalls(config["stalls"])
+    period = parse_dense_period(config["dense_period"])
     if check_run_time(config):  # consistency auto: decided at run time
+        if period[:2] != (1, False):
+            raise ConfigError("dense_period applies to a fixed relaxed consistency, not auto "
+                              "(its ssp segments refresh dense replicas every step)")
         return
     default, per_variable = parse_consistency_spec(config["consistency"])
-    if not (default.relaxed or any(m.relaxed for m in per_variable.values())):
+    relaxed = default.relaxed or any(m.relaxed for m in per_variable.values())
+    if period[:2] != (1, False) and not relaxed:
+        raise ConfigError(f"dense_period needs a relaxed consistency (ssp:S, asp, psp:B), not "
+                          f"{config['consistency']!r}: under bsp dense variables are averaged "
+                          "every step by the allreduce")
+    if not relaxed:
         return
-    for key in ("partition_search", "replan_every", "batch_shares", "trace"):
+    for key in ("partition_search", "replan_every", "batch_shares"):
         if config[key]:
             raise ConfigError(f"{key} needs consistency bsp, not {config['consistency']!r} "
                               "(relaxed models keep the plan fixed)")
@@ -436,15 +401,3 @@ def parse_args(argv=None) -> dict:
     """
     namespace = build_parser().parse_args(argv)
     return resolve(vars(namespace), flags=True)
-
-
-def load_plan_file(path) -> dict:
-    """A plan JSON file -> normalized per-variable plan dict."""
-    try:
-        with open(path, encoding="utf-8") as handle:
-            data = json.load(handle)
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ConfigError(f"plan file {path}: {exc}") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"plan file {path} must hold a JSON object")
-    return normalize_plan(data, f"plan file {path}")

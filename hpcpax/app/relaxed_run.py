@@ -16,10 +16,22 @@ Run length: ``bsp`` and ``ssp`` workers each run ``--steps`` steps;
 ``asp`` and ``psp`` runs end once the workers together ran ``--steps`` x
 workers steps (the same samples; a fast worker takes more of them).
 
+Dense refresh period (``--dense-period K|auto|auto:KMAX``): each worker
+refreshes its dense replicas from the servers every ``k`` steps and applies
+its own gradients locally in between (:mod:`hpcpax.sync.relaxed`); with
+``auto`` its :class:`~hpcpax.plan.dense_period.DensePeriod` sets ``k`` from
+the divergence measured at each refresh and the measured cost of a refresh.
+In the hierarchical mode a node's workers agree: the node's largest
+divergence and its first worker's cost figures decide for all of them.
+
 Metrics: each worker records its steps; the first worker writes one line
 per step (loss averaged over the workers that ran it, samples/s summed
-over them); ``summary.json`` adds the consistency, every worker's steps,
-the servers' staleness records and their busy/idle/CPU seconds.
+over them, with a dense period each worker's ``k`` as ``dense_k``), and one
+line per change of ``k`` (``{"step", "dense_period": {worker, k_from, k_to,
+divergence, refresh_cost_s, step_s, reason}}``), also saved in
+``plan.json`` (``runtime``) and checkpoints; ``summary.json`` adds the
+consistency, every worker's steps, the servers' staleness records and their
+busy/idle/CPU seconds.
 """
 
 from __future__ import annotations
@@ -29,13 +41,14 @@ import time
 
 import numpy as np
 
+from ..plan.dense_period import DensePeriod, parse_dense_period
 from ..ps.consistency import parse_consistency_spec
 from ..ps.relaxed import RelaxedParameterServer
 from ..ps.relaxed_client import NO_STOP
 from ..sync.relaxed import RelaxedSync
 from . import checkpoint as ckpt
 from .metrics import MetricsWriter, json_safe
-from .step_report import PhaseClock
+from .step_report import PhaseClock, compute_step
 from .stragglers import Stragglers
 
 __all__ = ["setup", "plan_under", "relaxed_parts", "RelaxedRun"]
@@ -95,6 +108,19 @@ class RelaxedRun:
         self.records = []   # this worker's steps since the last flush
         self.pending = {}   # first worker: step -> every worker's record
         self.samples = 0
+        self.period = DensePeriod(*parse_dense_period(trainer.config["dense_period"]))
+        #: Local updates between refreshes (a period other than 1, or adaptive).
+        self.local = self.period.adaptive or self.period.k > 1
+        client = relaxed.client
+        self.node = client.node if client is not None else None
+        from .timeline import Timeline
+
+        config, topo = trainer.config, trainer.topology
+        tracing = config["trace"] if config["consistency"] != "auto" else None
+        self.timeline = Timeline(tracing, topo, comm=topo.comm)  # every rank: servers too
+        if tracing and relaxed.server is not None:
+            relaxed.server.events = []
+        trainer.commands.handlers["relaxed_trace"] = self._write_trace
 
     # ------------------------------------------------------------------ run
     def run(self, wall_start) -> dict:
@@ -129,7 +155,12 @@ class RelaxedRun:
         from mpi4py import MPI
 
         samples = topo.workers.allreduce(self.samples, op=MPI.SUM)
+        changes = topo.workers.allgather(self.period.history)
+        if self.local:
+            t.planning.runtime["dense_period"] = self._period_record(changes)
+            t.write_plan()
         staleness, servers = t.commands.run("relaxed_stats")
+        trace = t.commands.run("relaxed_trace") if self.timeline.enabled else None
         if t.collect:
             t.commands.run("relaxed_fetch_dense")
             t.parameters = t._read_parameters()
@@ -139,8 +170,28 @@ class RelaxedRun:
             "consistency_groups": config["consistency_groups"],
             "guarantee": self.relaxed.default.guarantee, "worker_steps": clocks,
             "samples": samples, "mean_samples_per_s": samples / seconds if seconds else None,
-            "staleness": staleness, "servers": servers})
+            "staleness": staleness, "servers": servers, "trace": trace,
+            "dense_period": self._period_record(changes) if self.local else None})
         return t._finish(start_step, max(clocks), seconds, wall_start)
+
+    def _write_trace(self):
+        """Merge every rank's trace events (servers' requests included); the path on
+        the first worker. **Collective** (run it as a command)."""
+        server = self.relaxed.server
+        for name, start, end, args in (server.events or []) if server is not None else []:
+            self.timeline.span(name, start, end, args, cat="wait" if "wait" in name
+                               else "serve")
+        path = self.timeline.write()
+        if path is not None:
+            self.trainer.log(f"trace written: {path}", important=True)
+        return path
+
+    def _period_record(self, changes) -> dict:
+        """The dense period's setting, every worker's final ``k`` and changes."""
+        return {"setting": self.trainer.config["dense_period"],
+                "threshold": self.period.threshold, "k_max": self.period.k_max,
+                "final_k": self.trainer.topology.workers.allgather(self.period.k),
+                "changes": [{"worker": w, **c} for w, cs in enumerate(changes) for c in cs]}
 
     def _resume(self) -> int:
         """Load the newest checkpoint; this worker's step in it (0 without one)."""
@@ -153,6 +204,9 @@ class RelaxedRun:
             steps = ckpt.read_meta(path).get("worker_steps") or \
                 [start - 1] * t.topology.num_workers
             t.commands.run("relaxed_load_dense")
+        periods = ckpt.read_meta(path).get("dense_period")
+        if periods and len(periods) == t.topology.num_workers:
+            self.period.load(periods[t.topology.worker_index])
         t.log(f"worker steps in {path}: {list(steps)}")
         return int(steps[t.topology.worker_index])
 
@@ -226,6 +280,7 @@ class RelaxedRun:
 
     def _save(self, clocks) -> str:
         t = self.trainer
+        periods = t.topology.workers.allgather(self.period.state())
         t.commands.run("relaxed_fetch_dense")
         step = min(clocks)
         meta = {"config": t.config,
@@ -233,7 +288,7 @@ class RelaxedRun:
                 "data_fingerprint": t.checkpoints.data_fingerprint,
                 "topology": t.topology.describe(), "plan": t.planning.current_plan().to_dict(),
                 "data_position": step, "worker_steps": list(clocks),
-                "consistency": t.config["consistency"],
+                "consistency": t.config["consistency"], "dense_period": periods,
                 "rng": "counter-based (seed, step): nothing to save", "job_id": t.job_id}
         path = t.commands.run("save", step=step, meta=json_safe(meta))
         t.log(f"checkpoint written: {path} (worker steps {list(clocks)})", important=True)
@@ -243,32 +298,60 @@ class RelaxedRun:
     def _step(self, step) -> None:
         """One relaxed step of this worker (``step`` = its clock + 1)."""
         t = self.trainer
-        clock = PhaseClock(("data", "pull", "compute", "push"))
-        lap, times, began = clock.lap, clock.times, clock.began
+        clock = PhaseClock(("data", "pull", "compute", "push", "optimizer"))
+        lap, times = clock.lap, clock.times
         position = step - 1
         batch = t._batch(position)
         ids = t.model.sparse_ids(batch, position)
         lap("data")
-        rows = self.rsync.pull(ids, t.dense)
+        refresh = self.period.due(step)
+        measured = self.rsync.local_steps > 0
+        rows = self.rsync.pull(ids, t.dense, refresh=refresh)
         lap("pull")
-        result = t.model.forward_backward(t.dense, rows, batch, position)
-        local_batch = len(next(iter(batch.values())))
-        # Mean over the global batch even for uneven shards; exactly 1 for even ones.
-        scale = local_batch * t.topology.num_workers / t.config["global_batch"]
-        lap("compute")
-        t.stragglers.delay(step, times["compute"])
-        lap("compute")
-        sparse = {name: (indices, values * scale if scale != 1 else values)
-                  for name, (indices, values) in result.sparse_grads.items()}
-        dense = {name: g * scale if scale != 1 else g for name, g in result.dense_grads.items()}
-        self.rsync.push(sparse, dense)
+        change = self._refreshed(step, measured) if refresh else None
+        done = compute_step(t, rows, batch, position, step, clock)
+        self.rsync.push(done.sparse, done.dense)
         lap("push")
-        loss = float(result.loss)
-        seconds = time.perf_counter() - began
-        self.samples += local_batch
-        self.records.append({"step": step, "loss": loss, "batch": local_batch,
-                             "seconds": seconds, "time": times})
-        t._bar.update(1, loss, local_batch * t.topology.num_workers / seconds)
+        if self.local:
+            self.rsync.local_update(t.dense, done.dense_local, t.optimizer)
+            lap("optimizer")
+        ended = time.perf_counter()
+        seconds = ended - clock.began
+        self.timeline.step(step, clock.began, times, ended)
+        self.period.observe(times["pull"], seconds, refresh)
+        self.samples += done.local_batch
+        record = {"step": step, "loss": float(done.loss), "batch": done.local_batch,
+                  "seconds": seconds, "time": times, "worker": t.topology.worker_index}
+        if self.local:
+            record["k"] = self.period.k
+        if change is not None:
+            record["dense_period"] = change
+        self.records.append(record)
+        t._bar.update(1, record["loss"], done.local_batch * t.topology.num_workers / seconds)
+
+    def _refreshed(self, step, measured):
+        """Feed the refresh's divergence to the period controller; the change, or None.
+
+        In the hierarchical mode **collective** over the node's workers (they
+        refresh at the same steps): the node's largest divergence and its
+        first worker's cost figures decide, so the node keeps one ``k``.
+        """
+        divergence = self.rsync.divergence if measured else None
+        if self.node is not None and self.period.adaptive:
+            from mpi4py import MPI
+
+            got = self.node.allreduce(-1.0 if divergence is None else divergence, op=MPI.MAX)
+            divergence = None if got < 0 else got
+            p = self.period
+            p.pull_refresh, p.pull_plain, p.step_seconds = self.node.bcast(
+                (p.pull_refresh, p.pull_plain, p.step_seconds), root=0)
+        change = self.period.refreshed(step, divergence)
+        if change is not None:
+            self.timeline.instant(f"dense period k {change['k_to']}", change)
+            self.trainer.log(f"dense period: worker {self.trainer.topology.worker_index} "
+                             f"step {step}: k {change['k_from']} -> {change['k_to']}: "
+                             f"{change['reason']}")
+        return change
 
     def _flush(self, metrics, clocks, final=False) -> None:
         """First worker: one metrics line per step every worker has run (all when final)."""
@@ -286,9 +369,16 @@ class RelaxedRun:
             batch = sum(r["batch"] for r in records)
             loss = sum(r["loss"] * r["batch"] for r in records) / batch
             t.losses.append(loss)
-            metrics.write({
+            line = {
                 "step": step, "loss": loss, "workers": len(records),
                 "samples_per_s": sum(r["batch"] / r["seconds"] for r in records),
                 "seconds": float(np.mean([r["seconds"] for r in records])),
                 "time": {k: float(np.mean([r["time"][k] for r in records]))
-                         for k in records[0]["time"]}})
+                         for k in records[0]["time"]}}
+            if "k" in records[0]:
+                line["dense_k"] = {str(r["worker"]): r["k"] for r in records}
+            metrics.write(line)
+            for r in records:
+                if "dense_period" in r:
+                    metrics.write({"step": step, "dense_period": {"worker": r["worker"],
+                                                                  **r["dense_period"]}})

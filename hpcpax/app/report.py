@@ -30,7 +30,8 @@ def _load(run_dir):
     records = read_metrics(path)
     steps = [r for r in records if "loss" in r]
     evals = [r for r in records if "eval" in r]
-    extra = {"decisions": [r for r in records if "batch_shares" in r]}
+    extra = {"decisions": [r for r in records if "batch_shares" in r],
+             "dense_period": [r["dense_period"] for r in records if "dense_period" in r]}
     for name in ("summary.json", "plan.json", "config.json"):
         file_path = os.path.join(run_dir, name)
         if os.path.isfile(file_path):
@@ -103,6 +104,11 @@ def summarize(run_dir) -> str:
         if shares:
             lines.append(f"batch shares: {len(shares)} change(s), last at step "
                          f"{shares[-1]['step']}: {shares[-1]['to']}")
+    record = (extra.get("summary") or {}).get("dense_period")
+    if record:
+        lines.append(f"dense refresh period ({record['setting']}): "
+                     f"{len(extra['dense_period'])} change(s), final k per worker "
+                     f"{record['final_k']}; plot: dense_period.png")
     return "\n".join(lines)
 
 
@@ -146,7 +152,7 @@ def make_report(run_dir) -> list:
         import matplotlib.pyplot as plt
     except ImportError:
         raise DependencyError("plots need matplotlib: pip install hpcpax[plot]") from None
-    steps, evals, _ = _load(run_dir)
+    steps, evals, extra = _load(run_dir)
     x = [r["step"] for r in steps]
     written = []
 
@@ -179,7 +185,34 @@ def make_report(run_dir) -> list:
     ax.set_ylabel("bytes sent per step (all workers)")
     ax.grid(alpha=0.3)
     written.append(_save(fig, run_dir, "bytes.png", plt))
+
+    periods = [r for r in steps if "dense_k" in r]
+    if periods:
+        written.append(_plot_dense_period(periods, extra["dense_period"], run_dir, plt))
     return written
+
+
+def _plot_dense_period(steps, changes, run_dir, plt):
+    """``dense_period.png``: each worker's refresh period k over the steps, the
+    divergence measured at each change beside it."""
+    fig, ax = plt.subplots(figsize=(7, 4))
+    workers = sorted({w for r in steps for w in r["dense_k"]}, key=int)
+    for w in workers:
+        points = [(r["step"], r["dense_k"][w]) for r in steps if w in r["dense_k"]]
+        ax.step([p[0] for p in points], [p[1] for p in points], where="post",
+                label=f"worker {w}")
+    ax.set_xlabel("step")
+    ax.set_ylabel("dense refresh period k (steps)")
+    ax.yaxis.get_major_locator().set_params(integer=True)
+    ax.grid(alpha=0.3)
+    if changes:
+        other = ax.twinx()
+        other.plot([c["step"] for c in changes], [c["divergence"] for c in changes], "k.",
+                   label="divergence at a change")
+        other.set_ylabel("replica divergence |w - mean| / |mean|")
+        other.legend(loc="upper right", fontsize="small")
+    ax.legend(loc="upper left", fontsize="small")
+    return _save(fig, run_dir, "dense_period.png", plt)
 
 
 def _save(fig, run_dir, name, plt):

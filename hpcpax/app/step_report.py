@@ -12,8 +12,8 @@ import time
 
 import numpy as np
 
-__all__ = ["TIME_PHASES", "BYTE_PHASES", "PhaseClock", "reduce_step", "step_record",
-           "summarize", "summary_line"]
+__all__ = ["TIME_PHASES", "BYTE_PHASES", "PhaseClock", "Computed", "compute_step",
+           "reduce_step", "step_record", "summarize", "summary_line"]
 
 #: Wall-time phases of one worker step, in the metrics lines.
 TIME_PHASES = ("data", "pull", "compute", "push", "dense", "optimizer")
@@ -41,6 +41,44 @@ class PhaseClock:
         now = time.perf_counter()
         self.times[phase] += now - self._clock
         self._clock = now
+
+
+class Computed:
+    """One worker's forward/backward result, gradients scaled for the global batch.
+
+    Attributes:
+        loss: the local batch's mean loss.
+        local_batch: samples in this worker's shard.
+        sparse: ``{name: (indices, values)}`` scaled.
+        dense: ``{name: gradient}`` scaled (summed over the workers: the mean
+            over the global batch).
+        dense_local: ``{name: gradient}`` unscaled (the mean over the local
+            batch).
+    """
+
+    def __init__(self, loss, local_batch, sparse, dense, dense_local):
+        self.loss, self.local_batch = loss, local_batch
+        self.sparse, self.dense, self.dense_local = sparse, dense, dense_local
+
+
+def compute_step(trainer, rows, batch, position, step, clock) -> Computed:
+    """Forward/backward of ``batch`` and the straggler delay, charged to ``compute``.
+
+    Each worker's gradients are scaled by ``local batch x workers / global
+    batch``: summed (or averaged) over the workers they are the mean over
+    the global batch even for uneven (balanced) shards; exactly 1 for even
+    ones. Local (not collective).
+    """
+    result = trainer.model.forward_backward(trainer.dense, rows, batch, position)
+    local_batch = len(next(iter(batch.values())))
+    scale = local_batch * trainer.topology.num_workers / trainer.config["global_batch"]
+    clock.lap("compute")
+    trainer.stragglers.delay(step, clock.times["compute"])
+    clock.lap("compute")
+    sparse = {name: (indices, values * scale if scale != 1 else values)
+              for name, (indices, values) in result.sparse_grads.items()}
+    dense = {name: g * scale if scale != 1 else g for name, g in result.dense_grads.items()}
+    return Computed(result.loss, local_batch, sparse, dense, result.dense_grads)
 
 
 def reduce_step(topology, loss, local_batch, times, flag) -> tuple:

@@ -15,10 +15,16 @@ the first worker gathers every track and writes ``FILE`` as a JSON object
 and https://ui.perfetto.dev load. Recording costs a few dict appends per
 step (about 10 events).
 
-Server ranks have no track (their request handling is not recorded);
-relaxed runs (``--consistency ssp|asp|psp``) are not traced, and under
-``--consistency auto`` only the BSP segments are (the decisions are
-instant events).
+Relaxed runs (``--consistency ssp|asp|psp``) are traced too, over every
+rank (the start-up barrier and the merge include the servers): each worker's
+steps (``data``, ``pull`` -- where a worker waits for the staleness bound --,
+``compute``, ``push``, ``optimizer``: the local dense updates of a refresh
+period), the dense period's changes as instant events, and one track per
+server rank with each request it handled (``serve push``, ``serve pull``,
+...) and each pull it held back until its condition held (``pull waits``,
+with the puller's clock and the slowest group's). Under ``--consistency
+auto`` only the BSP segments are traced (the decisions are instant events);
+in BSP runs servers have no track.
 """
 
 from __future__ import annotations
@@ -41,16 +47,20 @@ class Timeline:
 
     Args:
         path: the trace file (None: record nothing, every method is a no-op).
-        topology: the run's topology (a worker).
+        topology: the run's topology.
+        comm: the ranks traced together (default the workers'; the job's
+            ``topology.comm`` to give servers tracks too); the constructor
+            and :meth:`write` are collective over it.
     """
 
-    def __init__(self, path, topology):
+    def __init__(self, path, topology, comm=None):
         self.path = path
         self.topology = topology
+        self.comm = comm if comm is not None else topology.workers
         self.events = []
         self.origin = None
         if path is not None:
-            topology.workers.Barrier()  # the common time origin (clock offsets)
+            self.comm.Barrier()  # the common time origin (clock offsets)
             self.origin = time.perf_counter()
             self.wall_origin = time.time()
 
@@ -80,6 +90,15 @@ class Timeline:
                                 "tid": 0, "ts": self._us(t), "dur": round((ended - t) * 1e6, 1),
                                 "args": {"step": int(step), "with": "every worker"}})
 
+    def span(self, name, start, end, args=None, cat="serve") -> None:
+        """One complete event from ``start`` to ``end`` (``perf_counter`` seconds) on
+        this rank's track; not collective."""
+        if self.enabled:
+            self.events.append({"name": name, "cat": cat, "ph": "X", "pid": self.topology.rank,
+                                "tid": 0, "ts": self._us(start),
+                                "dur": round(max(0.0, end - start) * 1e6, 1),
+                                "args": json_safe(args or {})})
+
     def instant(self, name, args=None) -> None:
         """A decision or other point event, now, on this worker's track; not collective."""
         if self.enabled:
@@ -89,19 +108,21 @@ class Timeline:
                                 "args": json_safe(args or {})})
 
     def write(self) -> str | None:
-        """Gather every worker's events; the first worker writes the file.
+        """Gather every traced rank's events; the first worker writes the file.
 
-        **Collective** over the workers. Returns the path on the first
-        worker, else None.
+        **Collective** over the timeline's ``comm``. Returns the path on the
+        first worker, else None.
         """
         if not self.enabled:
             return None
         topo = self.topology
+        role = f"worker {topo.worker_index}" if topo.is_worker else "server"
         meta = [{"name": "process_name", "ph": "M", "pid": topo.rank, "tid": 0,
-                 "args": {"name": f"rank {topo.rank} (worker {topo.worker_index})"}},
+                 "args": {"name": f"rank {topo.rank} ({role})"}},
                 {"name": "process_sort_index", "ph": "M", "pid": topo.rank, "tid": 0,
                  "args": {"sort_index": topo.rank}}]
-        gathered = topo.workers.gather(meta + self.events, root=0)
+        root = 0 if self.comm is topo.workers else topo.worker_ranks[0]
+        gathered = self.comm.gather(meta + self.events, root=root)
         if topo.worker_index != 0:
             return None
         events = [event for rank_events in gathered for event in rank_events]

@@ -43,8 +43,8 @@ from .metrics import MetricsWriter, ProgressBar, json_safe, read_metrics, write_
 from .preemption import PreemptionHandler
 from .runtime import RunTime
 from .throughput import steady_throughput, unsteady_steps
-from .step_report import (BYTE_PHASES, TIME_PHASES, PhaseClock, reduce_step, step_record,
-                          summarize, summary_line)
+from .step_report import (BYTE_PHASES, TIME_PHASES, PhaseClock, compute_step, reduce_step,
+                          step_record, summarize, summary_line)
 
 __all__ = ["Trainer", "TIME_PHASES", "BYTE_PHASES"]
 
@@ -263,25 +263,15 @@ class Trainer:
         lap("data")
         rows = self.sync.pull(ids)
         lap("pull")
-        result = self.model.forward_backward(self.dense, rows, batch, position)
-        local_batch = len(next(iter(batch.values())))
-        # Mean over the global batch even for uneven shards; exactly 1 for even ones.
-        scale = local_batch * self.topology.num_workers / self.config["global_batch"]
-        lap("compute")
-        self.stragglers.delay(step, times["compute"])
-        lap("compute")
-        self.sync.push({name: (indices, values * scale if scale != 1 else values)
-                        for name, (indices, values) in result.sparse_grads.items()})
+        done = compute_step(self, rows, batch, position, step, clock)
+        self.sync.push(done.sparse)
         lap("push")
-        grads = result.dense_grads
-        if scale != 1:
-            grads = {name: g * scale for name, g in grads.items()}
-        self.allreduce.allreduce(grads)
+        self.allreduce.allreduce(done.dense)
         lap("dense")
         for name, param in self.dense.items():
-            self.optimizer.apply_dense(param, self.dense_state[name], grads[name])
+            self.optimizer.apply_dense(param, self.dense_state[name], done.dense[name])
         lap("optimizer")
-        return result.loss, local_batch, times
+        return done.loss, done.local_batch, times
 
     def _train_loop(self, start_step, metrics):
         self._loop = {"metrics": metrics, "previous": None, "seconds": 0.0,

@@ -14,30 +14,41 @@ decision is broadcast):
 
 The rules (constants below), first match wins. From ``bsp``/``balanced``:
 
-1. *persistent slowness*: the slowest worker's typical (median) seconds
+1. *lockstep*: the workers spend >= ``WAIT_TRIAL`` of a step outside their
+   own work (in the collectives: transfers and waiting for each other)
+   beyond what a slower worker explains (``persistent_imbalance``, what
+   balancing could save) -> a *trial* of ``ssp:TRIAL_STALENESS``, whose
+   message-driven steps do not wait in lockstep; whether that pays is
+   measured, not predicted (rule 5);
+2. *persistent slowness*: the slowest worker's typical (median) seconds
    per sample are >= ``PERSISTENT_RATIO`` x the fastest's, in this segment
    and the one before (the same worker; once ``balanced``, this segment
    suffices), and shares proportional to speed save >= ``MIN_GAIN`` of the
    step -> ``balanced`` with those shares;
-2. ``balanced`` but no worker persistently slower any more -> ``bsp``;
-3. *transient stalls*: >= ``MIN_STALL_FRACTION`` of the worker-steps took
-   >= ``STALL_FACTOR`` x the worker's typical time, and the waiting they
-   cause at the barriers is >= ``MIN_GAIN`` of the step -> ``ssp:S``, ``S``
-   the 90th percentile of the stall lengths in steps (``1..MAX_STALENESS``);
-4. else ``bsp`` stays (no straggler: nothing a relaxed model would win).
+3. ``balanced`` but no worker persistently slower any more -> ``bsp``;
+   from ``bsp``, *transient stalls*: >= ``MIN_STALL_FRACTION`` of the
+   worker-steps took >= ``STALL_FACTOR`` x the worker's typical time, and
+   the waiting they cause at the barriers is >= ``MIN_GAIN`` of the step ->
+   ``ssp:S``, ``S`` the 90th percentile of the stall lengths in steps
+   (``1..MAX_STALENESS``);
+4. else the mode stays (no straggler: nothing a relaxed model would win).
 
 From ``ssp:S`` (a relaxed segment):
 
 5. the guard (:func:`guard`): the loss diverges or stalls against the BSP
-   trajectory -> ``bsp``;
-6. the segment was not faster than the last BSP segment -> ``bsp``;
-7. a worker persistently slower (rule 1) -> ``balanced`` (bounded
+   trajectory -> back; or the segment was not faster than the last BSP
+   segment (a trial: not ``MIN_GAIN`` faster) -> back (``bsp``, or the
+   ``balanced`` shares a trial came from);
+6. a trial that paid stays, at its ``S`` (stall lengths measured on an
+   oversubscribed or noisy node vary from segment to segment; each change of
+   ``S`` is a phase boundary);
+7. a worker persistently slower (rule 2) -> ``balanced`` (bounded
    staleness cannot absorb persistent slowness);
 8. no stalls seen any more -> ``bsp``;
 9. else ``S`` follows the measured stall lengths.
 
-After rules 5 and 6 no relaxed mode is tried for ``COOLDOWN`` segments
-(doubling with each failure). A segment that keeps the mode doubles the
+After a step back under rule 5 no relaxed mode is tried (rules 1 and 3) for
+``COOLDOWN`` segments (doubling with each failure). A segment that keeps the mode doubles the
 next segment's length (up to ``max_segment``); a change resets it.
 """
 
@@ -51,7 +62,8 @@ from .shares import balanced_shares, even_shares, relative_gain
 
 __all__ = ["analyze", "loss_figures", "guard", "AutoPolicy", "PERSISTENT_RATIO",
            "STALL_FACTOR", "MIN_STALL_FRACTION", "MIN_GAIN", "MAX_STALENESS",
-           "GUARD_RISE", "GUARD_RATE", "COOLDOWN"]
+           "GUARD_RISE", "GUARD_RATE", "COOLDOWN", "WAIT_TRIAL",
+           "TRIAL_STALENESS"]
 
 PERSISTENT_RATIO = 1.25  # slowest worker's typical seconds per sample / the fastest's
 STALL_FACTOR = 2.0       # a worker-step this many times its typical work is a stall
@@ -61,6 +73,8 @@ MAX_STALENESS = 4
 GUARD_RISE = 0.02        # a relaxed segment's mean loss this much above the last: divergence
 GUARD_RATE = 0.25        # ... or progress below this fraction of BSP's rate: a stall
 COOLDOWN = 3             # segments without relaxed trials after a failed one
+WAIT_TRIAL = 0.5         # share of a step outside own work that makes auto try ssp
+TRIAL_STALENESS = 2      # the staleness of that trial
 
 
 def analyze(work, batch, seconds) -> dict:
@@ -151,9 +165,11 @@ def guard(bsp, previous, current) -> str | None:
     The rule: with ``noise`` the combined standard error of the two means,
     the loss *diverges* when ``current.mean > previous.mean + max(GUARD_RISE x
     previous.mean, 3 x noise)``; it *stalls* when BSP's rate promised a
-    measurable fall over the distance between the two segments
-    (``expected = bsp.slope x (current.mid - previous.mid) < -3 x noise``) and
-    the fall achieved is below ``GUARD_RATE x |expected| - 2 x noise``.
+    measurable fall over the distance between the two segments, extrapolated
+    no further than the BSP segment's own length, since loss curves flatten
+    (``expected = bsp.slope x min(current.mid - previous.mid, bsp.n) < -3 x
+    noise``), and the fall achieved is below ``GUARD_RATE x |expected| - 2 x
+    noise``.
     """
     if not (bsp and previous and current):
         return None
@@ -162,7 +178,8 @@ def guard(bsp, previous, current) -> str | None:
     if rise > max(GUARD_RISE * abs(previous["mean"]), 3 * noise):
         return (f"loss diverges: {previous['mean']:.4f} -> {current['mean']:.4f} "
                 f"(+{100 * rise / abs(previous['mean']):.1f} %)")
-    expected = bsp["slope"] * (current["mid"] - previous["mid"])
+    # a loss curve flattens: BSP's rate is extrapolated no further than its own segment
+    expected = bsp["slope"] * min(current["mid"] - previous["mid"], bsp.get("n", 1))
     if expected < -3 * noise and -rise < GUARD_RATE * -expected - 2 * noise:
         return (f"loss stalls: fell {-rise:.4f} where BSP's rate ({bsp['slope']:.2e}/step) "
                 f"gives {-expected:.4f}")
@@ -191,6 +208,8 @@ class AutoPolicy:
         self.slow_worker = None  # the slowest worker of the last segment, when >= the ratio
         self.bsp_loss = self.previous_loss = None
         self.bsp_rate = None
+        #: ``[mode, shares]`` a lockstep trial (rule 1) came from, None otherwise.
+        self.trial = None
         #: Every decision that changed something (JSON-able dicts).
         self.history = []
 
@@ -205,8 +224,9 @@ class AutoPolicy:
 
         ``work``, ``batch``, ``seconds`` as :func:`analyze` takes them;
         ``losses`` and ``steps`` the segment's per-step losses;
-        ``samples_per_s`` its measured throughput (segment samples over its
-        wall time, boundaries included).
+        ``samples_per_s`` its measured steady throughput (the trainer passes
+        each worker's samples over its step seconds, summed over the workers,
+        the segment's first step left out).
         """
         figures = analyze(work, batch, seconds)
         loss = loss_figures(steps, losses)
@@ -241,7 +261,7 @@ class AutoPolicy:
         self.cooldown_until = self.segments + 1 + COOLDOWN * 2 ** (self.failures - 1)
 
     def _persistent(self, figures):
-        """``(shares, reason)`` when balancing pays (rule 1), else None."""
+        """``(shares, reason)`` when balancing pays (rule 2), else None."""
         times = figures["per_sample"]
         slow, seen = int(np.argmax(times)), self.slow_worker
         self.slow_worker = slow if figures["persistent_ratio"] >= PERSISTENT_RATIO else None
@@ -269,7 +289,20 @@ class AutoPolicy:
         return (figures["stall_fraction"] >= MIN_STALL_FRACTION
                 and figures["transient_imbalance"] >= MIN_GAIN)
 
+    def _lockstep(self, figures) -> bool:
+        """Rule 1: the waits outside own work that balancing cannot remove."""
+        return (figures["wait_fraction"] - figures["persistent_imbalance"] >= WAIT_TRIAL
+                and not self._cooling())
+
     def _from_bsp(self, figures):
+        if self._lockstep(figures):
+            self.trial = [self.mode, list(self.shares)]
+            self._persistent(figures)  # keeps track of the slowest worker
+            return "ssp", TRIAL_STALENESS, even_shares(self.global_batch, self.workers), (
+                f"lockstep: the workers spend {100 * figures['wait_fraction']:.0f} % of a step "
+                f"outside their own work ({100 * figures['persistent_imbalance']:.0f} % "
+                f"explained by a slower worker); trying ssp:{TRIAL_STALENESS} (kept if >= "
+                f"{100 * MIN_GAIN:.0f} % faster)")
         balanced = self._persistent(figures)
         if balanced is not None:
             return ("balanced",) + (0,) + balanced
@@ -287,21 +320,30 @@ class AutoPolicy:
                 f"90 % of them last <= {staleness} step(s)")
         return None
 
+    def _back(self, reason):
+        """Rule 5: back to ``bsp`` (or the balanced shares a trial came from), cooling down."""
+        self._fail()
+        mode, shares = self.trial or ["bsp", even_shares(self.global_batch, self.workers)]
+        self.trial = None
+        return mode, 0, shares, reason
+
     def _from_relaxed(self, figures, loss, samples_per_s):
         even = even_shares(self.global_batch, self.workers)
         why = guard(self.bsp_loss, self.previous_loss, loss)
         if why is not None:
-            self._fail()
-            return "bsp", 0, even, "guard: " + why
-        if self.bsp_rate is not None and samples_per_s < self.bsp_rate:
-            self._fail()
-            return "bsp", 0, even, (f"ssp:{self.staleness} ran {samples_per_s:,.0f} samples/s, "
-                                    f"bsp {self.bsp_rate:,.0f}: no gain")
-        balanced = self._persistent(figures)
-        if balanced is not None:
-            return ("balanced", 0) + balanced
-        if figures["stall_fraction"] < MIN_STALL_FRACTION:
-            return "bsp", 0, even, "stalls gone"
+            return self._back("guard: " + why)
+        needed = (1 + MIN_GAIN) if self.trial else 1.0
+        if self.bsp_rate is not None and samples_per_s < needed * self.bsp_rate:
+            return self._back(f"ssp:{self.staleness} ran {samples_per_s:,.0f} samples/s, "
+                              f"bsp {self.bsp_rate:,.0f}: no gain")
+        if self.trial is None:
+            balanced = self._persistent(figures)
+            if balanced is not None:
+                return ("balanced", 0) + balanced
+            if figures["stall_fraction"] < MIN_STALL_FRACTION:
+                return "bsp", 0, even, "stalls gone"
+        else:
+            return None  # a trial that paid stays, at its staleness
         staleness = self._staleness(figures)
         if staleness != self.staleness:
             return "ssp", staleness, even, (f"stall lengths now: 90 % last <= {staleness} "
@@ -312,7 +354,8 @@ class AutoPolicy:
     def state(self) -> dict:
         """JSON-able state (checkpoint metadata)."""
         keys = ("mode", "staleness", "shares", "segment", "segments", "cooldown_until",
-                "failures", "slow_worker", "bsp_loss", "previous_loss", "bsp_rate", "history")
+                "failures", "slow_worker", "bsp_loss", "previous_loss", "bsp_rate", "trial",
+                "history")
         return {k: getattr(self, k) for k in keys}
 
     def load(self, state) -> None:

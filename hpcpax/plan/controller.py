@@ -56,6 +56,8 @@ class PlanController:
         #: The last plan this controller made (None for fixed plans).
         self.plan = None
         self.search = {}
+        #: Decisions taken while training, saved in ``plan.json`` (``runtime``).
+        self.runtime = {}
         self._stats = None
         self._measure_until = None
 
@@ -292,7 +294,7 @@ class PlanController:
         search = {"mode": self.label, **self.search}
         return Plan(variables=variables, fabric=self.fabric.to_dict() if self.fabric else None,
                     measurements=self.plan.measurements if self.plan else {},
-                    topology=self._shape(), search=search)
+                    topology=self._shape(), search=search, runtime=self.runtime)
 
     # ---------------------------------------------------------------- search
     def _search(self, step):

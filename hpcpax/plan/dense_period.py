@@ -33,9 +33,10 @@ Rules, applied after each refresh, first match wins:
 
 Every change is returned with the measurements that caused it.
 
-Status: the controller is pure and tested (``tests/plan/test_dense_period.py``);
-:class:`~hpcpax.sync.relaxed.RelaxedSync` does not use it yet (its
-``period`` is still 1: replicas refreshed every step).
+The controller is pure and tested (``tests/plan/test_dense_period.py``);
+:class:`~hpcpax.app.relaxed_run.RelaxedRun` drives it
+(``--dense-period``) and :class:`~hpcpax.sync.relaxed.RelaxedSync` does
+the refreshes, the local updates and the divergence measurement.
 """
 
 from __future__ import annotations

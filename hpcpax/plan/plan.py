@@ -243,6 +243,9 @@ class Plan:
         measurements: free JSON data (sparsity statistics per variable, ...).
         topology: ``num_nodes``, ``workers_per_node``, ``servers_per_node``.
         search: free JSON data (partition search results, mode, ...).
+        runtime: free JSON data: decisions taken while training (the dense
+            refresh period's changes under a relaxed model, ``--consistency
+            auto``'s mode changes), with the measurements behind them.
 
     The free-form dicts are normalized to JSON-native values at construction
     (tuples become lists; non-str keys raise ``TypeError``), so
@@ -254,6 +257,7 @@ class Plan:
     measurements: dict = field(default_factory=dict)
     topology: dict = field(default_factory=dict)
     search: dict = field(default_factory=dict)
+    runtime: dict = field(default_factory=dict)
 
     def __post_init__(self):
         if not isinstance(self.variables, dict):
@@ -268,6 +272,7 @@ class Plan:
         self.measurements = _plain(self.measurements, "plan.measurements")
         self.topology = _plain(self.topology, "plan.topology")
         self.search = _plain(self.search, "plan.search")
+        self.runtime = _plain(self.runtime, "plan.runtime")
 
     # -- JSON -----------------------------------------------------------
     def to_dict(self) -> dict:
@@ -279,6 +284,7 @@ class Plan:
             "measurements": self.measurements,
             "topology": self.topology,
             "search": self.search,
+            "runtime": self.runtime,
         }
 
     def to_json(self, indent: int | None = 2) -> str:
@@ -309,6 +315,7 @@ class Plan:
                 measurements=data.get("measurements", {}),
                 topology=data.get("topology", {}),
                 search=data.get("search", {}),
+                runtime=data.get("runtime", {}),
             )
         except (TypeError, ValueError) as exc:
             if isinstance(exc, ConfigError):

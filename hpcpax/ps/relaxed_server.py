@@ -74,6 +74,9 @@ class RelaxedServer:
         self.stats = {"pushes": 0, "pulls": 0, "phases": 0, "busy_seconds": 0.0,
                       "idle_seconds": 0.0, "cpu_seconds": 0.0, "phase_seconds": 0.0,
                       "sleeps": 0}
+        #: ``[(name, start, end, args)]`` (``perf_counter`` seconds) of every request
+        #: handled and every pull held back, when a trace is recorded (else None).
+        self.events = None
 
     # ----------------------------------------------------------------- phase
     def run(self, phase, clocks, budget=None) -> None:
@@ -108,7 +111,12 @@ class RelaxedServer:
                 message.Recv([buffer, MPI.BYTE])
                 start = time.perf_counter()
                 self._handle(status.Get_source(), buffer)
-                self.stats["busy_seconds"] += time.perf_counter() - start
+                end = time.perf_counter()
+                self.stats["busy_seconds"] += end - start
+                if self.events is not None:
+                    kind = int(np.frombuffer(buffer, np.int64, count=1)[0])
+                    self.events.append((f"serve {wire.KIND_NAMES.get(kind, kind)}", start, end,
+                                        {"from": status.Get_source()}))
                 backoff.reset()
         MPI.Request.Waitall([r for r, _ in self._sends])
         self._sends = []
@@ -266,7 +274,12 @@ class RelaxedServer:
         self.waiting = still
 
     def _answer(self, pull, group_clocks, waited=True) -> None:
-        waited = time.perf_counter() - pull.arrived if waited else 0.0
+        now = time.perf_counter()
+        waited = now - pull.arrived if waited else 0.0
+        if waited and self.events is not None:
+            self.events.append(("pull waits", pull.arrived, now,
+                                {"from": pull.source, "clock": pull.clock,
+                                 "slowest": int(min(group_clocks))}))
         for model, sampled in pull.samples.items():
             log = self.logs.setdefault(str(model), StalenessLog(model))
             log.record(pull.clock, group_clocks, sampled, waited)

@@ -15,12 +15,19 @@ servers, as a table ``dense/<name>`` (its rows are the tensor reshaped to
   like a sparse variable: each group's summed gradient is one push, applied
   by the server's optimizer (per clock under ``ssp``, on arrival under
   ``asp``/``psp``), and every step each group refreshes its replica from the
-  server (a pull of every row, answered under the same condition). So the
-  replicas are averaged across groups every step (``period`` 1); the
+  server (a pull of every row, answered under the same condition). So by
+  default the replicas are averaged across groups every step; the
   per-clock sums make ``ssp:0`` give exactly the parameters of ``bsp``.
 
-:attr:`RelaxedSync.period` is the hook for averaging dense replicas only
-every ``k`` steps (a later issue); only 1 is implemented.
+With a refresh period ``k`` (``--dense-period``, chosen by
+:class:`~hpcpax.plan.dense_period.DensePeriod` in
+:mod:`hpcpax.app.relaxed_run`), :meth:`RelaxedSync.pull` refreshes the
+replicas only when asked (``refresh=True``); in between, each worker
+applies its own gradient (the mean over its local batch) to its replica
+with a local copy of the dense optimizer (:meth:`RelaxedSync.local_update`).
+The servers still receive every push, so their table is the average the
+next refresh brings back; at a refresh :attr:`RelaxedSync.divergence` is
+measured: ``|w_local - w_server| / |w_server|`` over all dense variables.
 """
 
 from __future__ import annotations
@@ -57,20 +64,23 @@ class RelaxedSync:
         dense_shapes: ``{name: shape}`` of the dense variables.
         dtype: their dtype.
         optimizer, lr: the dense optimizer (run on the servers).
-        period: steps between two dense averages across groups (only 1).
     """
 
-    def __init__(self, relaxed, sparse, dense_shapes, dtype, optimizer, lr, period=1):
-        if period != 1:
-            raise ConfigError(f"dense averaging every {period} steps is not implemented yet "
-                              "(period must be 1)")
+    def __init__(self, relaxed, sparse, dense_shapes, dtype, optimizer, lr):
         for name, var in sparse.variables.items():
             if var.method != "ps":
                 raise ConfigError(f"consistency {relaxed.default} needs every sparse variable "
                                   f"on the parameter server; {name!r} is synced by "
                                   f"{var.method!r} (use --plan ps)")
-        self.relaxed, self.sparse, self.period = relaxed, sparse, period
+        self.relaxed, self.sparse = relaxed, sparse
         self.ps = relaxed.ps
+        #: Local dense optimizer state (:meth:`local_update`), made on first use.
+        self.local_state = None
+        #: Local updates since the last refresh.
+        self.local_steps = 0
+        #: ``|w_local - w_server| / |w_server|`` at the last refresh after local
+        #: updates (None before).
+        self.divergence = None
         self.dense_specs = {}
         for name, shape in dense_shapes.items():
             rows, dim = dense_table_shape(shape)
@@ -123,20 +133,48 @@ class RelaxedSync:
                     value[...] = scalars[key]
 
     # ---------------------------------------------------------------- step
-    def pull(self, ids_by_name, dense) -> dict:
-        """Rows of the step's sparse ids; the dense replicas refreshed in place.
+    def pull(self, ids_by_name, dense, refresh=True) -> dict:
+        """Rows of the step's sparse ids; with ``refresh`` the dense replicas too, in place.
 
-        Not collective over the job (see :meth:`RelaxedClient.pull`).
+        Not collective over the job (see :meth:`RelaxedClient.pull`; in the
+        hierarchical mode every worker of a node must pass the same
+        ``refresh``). A refresh after local updates sets :attr:`divergence`.
         """
         request = dict(ids_by_name)
-        for name, ids in self._all_rows.items():
-            request[DENSE_PREFIX + name] = ids
+        if refresh:
+            for name, ids in self._all_rows.items():
+                request[DENSE_PREFIX + name] = ids
         got = self.relaxed.pull(request)
+        if not refresh:
+            return got
+        diff = norm = 0.0
         for name in self.dense_specs:
             _, rows = got.pop(DENSE_PREFIX + name)
             param = dense[name]
-            param[...] = _module(param).asarray(rows.reshape(param.shape))
+            server = rows.reshape(param.shape)
+            if self.local_steps:
+                local = _host(param).astype(np.float64)
+                diff += float(np.sum((local - server) ** 2))
+                norm += float(np.sum(server.astype(np.float64) ** 2))
+            param[...] = _module(param).asarray(server)
+        if self.local_steps:
+            self.divergence = float(np.sqrt(diff / norm)) if norm > 0 else float(diff > 0)
+        self.local_steps = 0
         return got
+
+    def local_update(self, dense, dense_grads, optimizer) -> None:
+        """Apply this worker's ``{name: gradient}`` to its replicas (local, between refreshes).
+
+        ``optimizer`` is the job's dense optimizer; its state here is a
+        local copy (:attr:`local_state`), fresh at the first call.
+        """
+        if self.local_state is None:
+            self.local_state = {name: optimizer.init_state(param.shape, param.dtype,
+                                                           _module(param))
+                                for name, param in dense.items()}
+        for name, grad in dense_grads.items():
+            optimizer.apply_dense(dense[name], self.local_state[name], grad)
+        self.local_steps += 1
 
     def push(self, sparse_grads, dense_grads) -> bool:
         """Push ``{name: (indices, values)}`` and the dense gradients; the clock advances."""

@@ -13,7 +13,7 @@ from mpi4py import MPI
 
 from hpcpax.app.trainer import Trainer
 from hpcpax.errors import ConfigError
-from trainer_runs import close, first_worker, run_trainer, shared_dir
+from trainer_runs import close, run_trainer, shared_dir
 
 TINY = {
     "model": "lm", "vocab_size": 300, "context": 3, "emb_dim": 8, "hidden": [16],

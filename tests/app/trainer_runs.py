@@ -1,6 +1,9 @@
 """Helpers of the in-process training tests: one run directory for every rank,
 a run, a value from the first worker, and parameters compared."""
 
+import json
+import os
+
 import numpy as np
 
 from hpcpax.app.trainer import Trainer
@@ -29,3 +32,9 @@ def close(a, b, rtol=1e-10):
     """Whether two ``{"dense": ..., "sparse": ...}`` parameter sets agree to ``rtol``."""
     return all(np.allclose(a[part][k], b[part][k], rtol=rtol, atol=1e-12)
                for part in ("dense", "sparse") for k in a[part])
+
+
+def metrics_lines(run_dir, key):
+    """The lines of ``run_dir/metrics.jsonl`` that hold ``key``."""
+    with open(os.path.join(run_dir, "metrics.jsonl"), encoding="utf-8") as handle:
+        return [r for r in map(json.loads, handle) if key in r]

@@ -3,8 +3,9 @@
 import numpy as np
 import pytest
 
-from hpcpax.plan.adaptive import (COOLDOWN, MAX_STALENESS, AutoPolicy, analyze, guard,
-                                  loss_figures)
+from hpcpax.plan.adaptive import (COOLDOWN, MAX_STALENESS, TRIAL_STALENESS, WAIT_TRIAL,
+                                  AutoPolicy, analyze,
+                                  guard, loss_figures)
 
 WORKERS, BATCH = 3, 12
 
@@ -130,6 +131,14 @@ def test_guard_diverging_and_stalling_loss():
     flat = loss_figures(list(range(81, 121)), [previous["mean"] - 0.01] * 40)
     assert guard(bsp, previous, flat).startswith("loss stalls")
     assert guard(None, previous, flat) is None
+    # BSP's rate of a 10-step segment is extrapolated over 10 steps, not 100: a fall of
+    # 0.04 over 100 steps is 40 % of what 10 BSP steps (0.1) give, not a stall
+    short_bsp = loss_figures(*reversed(falling_losses(1, steps=10)))
+    later = loss_figures(list(range(101, 141)), [previous["mean"] - 0.04] * 40)
+    assert guard(short_bsp, previous, later) is None
+    assert guard(short_bsp, previous, loss_figures(list(range(101, 141)),
+                                                   [previous["mean"]] * 40)).startswith(
+        "loss stalls")
 
 
 def test_guard_sends_ssp_back_to_bsp():
@@ -154,3 +163,48 @@ def test_state_round_trip():
 def test_analyze_checks_shapes():
     with pytest.raises(ValueError, match="one shape"):
         analyze(np.ones((3, 2)), np.ones((3, 3)), np.ones((3, 2)))
+
+
+def test_lockstep_tries_ssp_keeps_it_while_it_pays_and_goes_back_when_not():
+    """No straggler, but 70 % of a step outside the workers' own work: a trial of
+    ssp:TRIAL_STALENESS; kept while >= MIN_GAIN faster than the last BSP segment;
+    back to BSP (cooling down) when not."""
+    lockstep = dict(comm=10e-3)
+    assert analyze(*trace(**lockstep))["wait_fraction"] >= WAIT_TRIAL
+    policy = AutoPolicy(WORKERS, BATCH, segment=40)
+    first = decide(policy, 40, trace(**lockstep))
+    assert first["to"] == f"ssp:{TRIAL_STALENESS}" and first["reason"].startswith("lockstep")
+    bsp_rate = policy.bsp_rate
+    assert decide(policy, 80, trace(seed=1), rate=1.5 * bsp_rate) is None  # paid: stays
+    long_stalls = [(s, s % 3, 5.0, 3) for s in range(0, 40, 6)]  # would ask for ssp:3+
+    assert decide(policy, 100, trace(stalls=long_stalls, seed=4), rate=1.5 * bsp_rate) is None
+    assert policy.consistency == f"ssp:{TRIAL_STALENESS}"  # a paid trial keeps its S
+    back = decide(policy, 120, trace(seed=2), rate=1.02 * bsp_rate)       # < 5 % faster
+    assert back["to"] == "bsp" and "no gain" in back["reason"] and policy.shares == [4, 4, 4]
+    assert decide(policy, 160, trace(seed=3, **lockstep)) is None  # cooling down
+
+
+def test_lockstep_trial_from_balanced_returns_to_the_same_shares():
+    """A persistent straggler whose slowness explains the waits: balanced; then the
+    waits grow beyond what it explains: a trial from balanced, which goes back to
+    the same shares when it does not pay."""
+    policy = AutoPolicy(WORKERS, BATCH, segment=40)
+    slow = dict(per_sample=(1e-3, 1e-3, 3e-3))
+    decide(policy, 40, trace(**slow))
+    assert decide(policy, 80, trace(seed=5, **slow))["to"] == "balanced"
+    shares = list(policy.shares)
+    trial = decide(policy, 120, trace(shares=shares, seed=6, comm=30e-3, **slow))
+    assert trial["to"] == f"ssp:{TRIAL_STALENESS}" and trial["from"] == "balanced"
+    back = decide(policy, 160, trace(seed=7), rate=0.9 * policy.bsp_rate)
+    assert back["to"] == "balanced" and policy.shares == shares
+
+
+def test_waits_a_slow_worker_explains_are_balanced_not_trialled():
+    """Most of the waiting is for one slow worker: balancing, not a relaxed trial."""
+    slow = dict(per_sample=(1e-3, 1e-3, 6e-3), comm=1e-3)
+    figures = analyze(*trace(**slow))
+    assert figures["wait_fraction"] >= WAIT_TRIAL  # the fast workers wait a lot ...
+    assert figures["wait_fraction"] - figures["persistent_imbalance"] < WAIT_TRIAL  # for it
+    policy = AutoPolicy(WORKERS, BATCH, segment=40)
+    assert decide(policy, 40, trace(**slow)) is None
+    assert decide(policy, 80, trace(seed=1, **slow))["to"] == "balanced"
