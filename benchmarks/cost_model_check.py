@@ -2,15 +2,16 @@
 
 For each layout (2-6 ranks, virtual nodes, 0-2 servers), each round and
 each model, the job first measures the model's constants under the same
-load as the runs that follow (:func:`hpcpax.plan.calibrate.calibrate`: fabric,
-``Allreduce``, kernel rates, hand-off, hpcpax's host overhead, with every
-rank busy; the models' compute per step with every worker computing at
-once, each call with the core's caches evicted first, as in a step). Then it trains
-each model (``lm``, ``ctr``) at two
-sparsity levels with each method (``ps`` with and without local
-aggregation, ``ps`` with 16 partitions, ``allgather``, ``dense``),
-interleaved over ``--rounds`` rounds (the methods' order rotates from round
-to round), and compares:
+load as the runs that follow (:func:`hpcpax.plan.calibrate.calibrate`:
+fabric, ``Allreduce`` on reused and fresh buffers, kernel rates with every
+rank busy, hand-off, and hpcpax's fixed cost per operation and per
+partition on the job's own ranks; the model's compute and data per step
+with every worker computing at once, caches evicted before each call, as
+in a step). Then it trains each model (``lm``, ``ctr``) at two sparsity
+levels with each method (``ps`` with and without local aggregation, ``ps``
+with 16 partitions, ``allgather``, ``dense``), interleaved over
+``--rounds`` rounds (the methods' order rotates from round to round), and
+compares:
 
 * bytes: the model's routing of each step's real ids
   (:func:`hpcpax.plan.traffic.routing_from_ids`) against the accounting's
@@ -26,11 +27,15 @@ Every run is appended to the run log (source ``cost_model_check``), and the
 learned correction is checked for transfer: fitted on the ``lm`` runs of
 this check, it predicts the ``ctr`` runs and the reverse
 (``transfer_error_analytic`` / ``transfer_error_learned``: median relative
-errors without / with it). Nothing is fitted to the measured step times
+errors without / with it; ``transfer_cross_validation``: whether
+leave-one-layout-out cross-validation on the fitting runs kept it, else the
+analytic model is used). Nothing is fitted to the measured step times
 except that correction.
 
-Usage: ``python benchmarks/cost_model_check.py [--quick] [--rounds 3]``
-(it starts its own ``mpirun`` jobs). On a 2-core machine layouts with more
+Usage: ``python benchmarks/cost_model_check.py [--quick] [--rounds 3]
+[--layouts 2-2-0 4-2-1] [--save-jobs DIR]`` (it starts its own ``mpirun``
+jobs; ``--save-jobs`` keeps each layout's per-phase predictions and
+calibrations). On a 2-core machine layouts with more
 than 2 ranks oversubscribe the cores; the constants are measured under that
 oversubscription. One JSON line.
 """

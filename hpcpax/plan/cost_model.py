@@ -196,7 +196,9 @@ class CostParams:
         partition_overhead_s: fixed seconds per partition a server owns, per
             phase (a framework that runs one operation per partition, like
             TensorFlow under Parallax, pays it; hpcpax runs one kernel per
-            variable, so measured hpcpax parameters leave it at 0).
+            variable but still pays some host work per partition, measured
+            by :func:`hpcpax.plan.operation_costs.measure_operations`,
+            ``per_partition``; 0 by default).
         server_apply_Bps: bytes of rows per second a server applies (and
             gathers, unless ``server_gather_Bps``) when no ``apply``
             /``gather`` rate is given: a preset's host-memory figure.
