@@ -165,18 +165,21 @@ def check_dense_memory(shapes, dtype, row_slots) -> None:
     """Refuse dense layers whose replica does not fit ``HPCPAX_REPLICA_MEMORY``.
 
     Every worker holds the parameters, their gradients, ``row_slots``
-    optimizer arrays of the same shapes and the allreduce's fused buffer;
-    checked before anything is allocated, identically on every rank
-    (a pure function of the config).
+    optimizer arrays of the same shapes and the allreduce's fusion buffers,
+    which hold the tensors below ``DIRECT_BYTES`` (larger ones are reduced
+    in place: :mod:`hpcpax.comm.fusion`); checked before anything is
+    allocated, identically on every rank (a pure function of the config).
 
     Raises:
         ConfigError: naming the largest layers and the sizes.
     """
+    from ..comm.allreduce import DIRECT_BYTES
     from ..options import format_bytes, options
 
     itemsize = np.dtype(dtype).itemsize
     sizes = {name: int(np.prod(shape, dtype=np.int64)) * itemsize for name, shape in shapes.items()}
-    need = sum(sizes.values()) * (3 + int(row_slots))  # params, grads, fused buffer, slots
+    fused = sum(n for n in sizes.values() if n < DIRECT_BYTES)
+    need = sum(sizes.values()) * (2 + int(row_slots)) + fused  # params, grads, slots, buffers
     if need > options.replica_memory:
         largest = sorted(sizes, key=sizes.get, reverse=True)[:3]
         raise ConfigError(

@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 
 from .balance import BatchBalancer
-from .timeline import Timeline
+from .timeline import ServedOps, Timeline
 
 __all__ = ["RunTime"]
 
@@ -21,9 +21,10 @@ __all__ = ["RunTime"]
 class RunTime:
     """The run-time controllers of one BSP run.
 
-    Built in :meth:`Trainer._build` on every rank (**collective** over the
-    workers when ``--trace`` is given: the timeline's start-up barrier);
-    sets ``trainer.balance``.
+    Built in :meth:`Trainer._build` on every rank (**collective** over every
+    rank when ``--trace`` is given: the timeline's start-up barrier); sets
+    ``trainer.balance``, and on server ranks of a traced run wraps the
+    parameter server's watchdog in :class:`~hpcpax.app.timeline.ServedOps`.
     """
 
     def __init__(self, trainer):
@@ -33,8 +34,12 @@ class RunTime:
             config["batch_shares"], config["rebalance_every"], topo, config["global_batch"],
             trainer.log)
         self.auto = trainer.relaxed if hasattr(trainer.relaxed, "note") else None
-        tracing = topo.is_worker and (trainer.relaxed is None or self.auto is not None)
-        self.timeline = Timeline(config["trace"] if tracing else None, topo)
+        tracing = trainer.relaxed is None or self.auto is not None  # relaxed: relaxed_run
+        # every rank: servers get a track of the operations they serve
+        self.timeline = Timeline(config["trace"] if tracing else None, topo, comm=topo.comm)
+        if self.timeline.enabled and topo.is_server:
+            trainer.ps.watchdog = ServedOps(trainer.ps.watchdog, self.timeline)
+        trainer.commands.handlers["trace"] = self._write_trace
 
     def after_step(self, step, began, times, local_batch, metrics) -> None:
         """After BSP step ``step`` (begun at ``began``, this worker's phase ``times``):
@@ -73,8 +78,14 @@ class RunTime:
         return step
 
     def finish(self) -> None:
-        """Merge and write the trace (``summary.json`` names it); **collective** over the workers."""
-        path = self.timeline.write()
+        """Merge and write the trace (``summary.json`` names it); **collective** over the
+        workers (the servers join through the trainer's command channel)."""
+        if not self.timeline.enabled:
+            return
+        path = self.trainer.commands.run("trace")
         if path is not None:
             self.trainer.summary_extra["trace"] = path
             self.trainer.log(f"trace written: {path}", important=True)
+
+    def _write_trace(self):
+        return self.timeline.write()  # every rank: the first worker writes the file

@@ -22,20 +22,24 @@ steps (``data``, ``pull`` -- where a worker waits for the staleness bound --,
 period), the dense period's changes as instant events, and one track per
 server rank with each request it handled (``serve push``, ``serve pull``,
 ...) and each pull it held back until its condition held (``pull waits``,
-with the puller's clock and the slowest group's). Under ``--consistency
-auto`` only the BSP segments are traced (the decisions are instant events);
-in BSP runs servers have no track.
+with the puller's clock and the slowest group's). In BSP runs each server's track holds the
+operations it served (``serve pull``, ``serve push``, ... : the
+parameter server's loop times each one inside its watchdog guard, which
+:class:`ServedOps` wraps); the gaps between them are the workers' compute.
+Under ``--consistency auto`` only the BSP segments are traced (the decisions
+are instant events).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
 
 from .metrics import json_safe
 
-__all__ = ["Timeline", "PHASE_ORDER", "load_trace"]
+__all__ = ["Timeline", "ServedOps", "PHASE_ORDER", "load_trace"]
 
 #: The order in which :meth:`hpcpax.app.trainer.Trainer.train_step` runs its
 #: phases (each phase's seconds are contiguous laps of one clock).
@@ -135,6 +139,33 @@ class Timeline:
                                      "workers": topo.num_workers}}, handle)
         os.replace(tmp, self.path)
         return self.path
+
+
+class ServedOps:
+    """A stand-in for a server's watchdog that also puts every ``serve ...``
+    operation on the server's :class:`Timeline` track.
+
+    Args:
+        watchdog: the watchdog it wraps (None: none).
+        timeline: this server rank's timeline.
+    """
+
+    def __init__(self, watchdog, timeline):
+        self.watchdog, self.timeline = watchdog, timeline
+
+    @contextlib.contextmanager
+    def guard(self, name, since=None):
+        """The wrapped watchdog's guard; a span on the timeline when the body ends."""
+        start = time.perf_counter()
+        inner = (self.watchdog.guard(name, since) if self.watchdog is not None
+                 else contextlib.nullcontext())
+        with inner as got:
+            yield got
+        if str(name).startswith("serve "):
+            self.timeline.span(str(name), start, time.perf_counter(), cat="serve")
+
+    def __getattr__(self, attribute):  # everything else is the watchdog's
+        return getattr(self.watchdog, attribute)
 
 
 def load_trace(path) -> dict:

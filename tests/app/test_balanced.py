@@ -91,6 +91,33 @@ def test_bad_shares_are_refused(comm, tmp_path):
             steps=1)
 
 
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.timeout(180)
+def test_trace_has_a_track_for_the_server(comm, tmp_path):
+    """--trace with a server rank (--plan ps): the server's track holds the pulls and
+    pushes it served, one of each per step and variable batch, inside the run."""
+    from hpcpax.app.timeline import load_trace
+
+    run_dir = shared_dir(comm, tmp_path, "served")
+    path = os.path.join(run_dir, "trace.json")
+    trainer = run(comm, run_dir=run_dir, steps=4, trace=path, servers_per_node=1, plan="ps")
+    ok = True
+    if comm.Get_rank() == 0:
+        tracks = load_trace(path)
+        with open(path, encoding="utf-8") as handle:
+            events = json.load(handle)["traceEvents"]
+        server = trainer.topology.server_ranks[0]
+        served = [e for e in events if e["pid"] == server and e["ph"] == "X"]
+        pulls = [e for e in served if e["name"].startswith("serve pull")]
+        pushes = [e for e in served if e["name"].startswith("serve push")]
+        ok = (sorted(tracks) == list(range(comm.Get_size()))
+              and all({"data", "pull", "compute"} <= tracks[w]
+                      for w in trainer.topology.worker_ranks)
+              and len(pulls) >= 4 and len(pulls) == len(pushes)
+              and all(e["dur"] >= 0 and e["ts"] >= 0 for e in served))
+    assert comm.allreduce(bool(ok), op=MPI.LAND)
+
+
 @pytest.mark.mpi(min_size=1)
 @pytest.mark.timeout(180)
 def test_trace_holds_every_rank_phases(comm, tmp_path):
