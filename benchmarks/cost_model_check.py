@@ -1,14 +1,17 @@
 """Does the cost model predict what the trainer then does? Bytes, times, choices.
 
-For each layout (2-6 ranks, virtual nodes, 0-2 servers) and each round,
-the job first measures the model's constants under the same load as the
-round's runs (:func:`hpcpax.plan.calibrate.calibrate`: fabric,
-``Allreduce``, kernel rates, hand-off, hpcpax's host overhead, with every
-rank busy; the models' compute per step with every worker computing at
-once). Then it trains each model (``lm``, ``ctr``) at two
-sparsity levels with each method (``ps`` with and without local
-aggregation, ``ps`` with 16 partitions, ``allgather``, ``dense``),
-interleaved over ``--rounds`` rounds, and compares:
+For each layout (2-6 ranks, virtual nodes, 0-2 servers), each round and
+each model, the job first measures the model's constants under the same
+load as the runs that follow (:func:`hpcpax.plan.calibrate.calibrate`:
+fabric, ``Allreduce`` on reused and fresh buffers, kernel rates with every
+rank busy, hand-off, and hpcpax's fixed cost per operation and per
+partition on the job's own ranks; the model's compute and data per step
+with every worker computing at once, caches evicted before each call, as
+in a step). Then it trains each model (``lm``, ``ctr``) at two sparsity
+levels with each method (``ps`` with and without local aggregation, ``ps``
+with 16 partitions, ``allgather``, ``dense``), interleaved over
+``--rounds`` rounds (the methods' order rotates from round to round), and
+compares:
 
 * bytes: the model's routing of each step's real ids
   (:func:`hpcpax.plan.traffic.routing_from_ids`) against the accounting's
@@ -24,11 +27,15 @@ Every run is appended to the run log (source ``cost_model_check``), and the
 learned correction is checked for transfer: fitted on the ``lm`` runs of
 this check, it predicts the ``ctr`` runs and the reverse
 (``transfer_error_analytic`` / ``transfer_error_learned``: median relative
-errors without / with it). Nothing is fitted to the measured step times
+errors without / with it; ``transfer_cross_validation``: whether
+leave-one-layout-out cross-validation on the fitting runs kept it, else the
+analytic model is used). Nothing is fitted to the measured step times
 except that correction.
 
-Usage: ``python benchmarks/cost_model_check.py [--quick] [--rounds 3]``
-(it starts its own ``mpirun`` jobs). On a 2-core machine layouts with more
+Usage: ``python benchmarks/cost_model_check.py [--quick] [--rounds 3]
+[--layouts 2-2-0 4-2-1] [--save-jobs DIR]`` (it starts its own ``mpirun``
+jobs; ``--save-jobs`` keeps each layout's per-phase predictions and
+calibrations). On a 2-core machine layouts with more
 than 2 ranks oversubscribe the cores; the constants are measured under that
 oversubscription. One JSON line.
 """
@@ -81,7 +88,7 @@ def _plan_for(trainer_names, method):
 def _calibrate_compute(topo, config):
     """Data and forward/backward seconds per step, every worker at once."""
     from hpcpax.app.trainer import Trainer
-    from hpcpax.plan.calibrate import time_workers
+    from hpcpax.plan.calibrate import evict_caches, time_workers
 
     from hpcpax.app.datasets import build_model, open_data
 
@@ -106,9 +113,10 @@ def _calibrate_compute(topo, config):
         unique = np.unique(values)
         rows[name] = (unique, rng.standard_normal((unique.size, specs[name].dim)).astype(
             np.float32) * 0.01)
-    data_s = time_workers(topo, data, repeats=15)
+    # cache-cold, as in a step (its pull and push move other data between two computes)
+    data_s = time_workers(topo, data, repeats=15, between=evict_caches)
     compute_s = time_workers(topo, lambda: model.forward_backward(dense, rows, batch, position),
-                             repeats=15)
+                             repeats=15, between=evict_caches)
     return data_s, compute_s
 
 
@@ -187,6 +195,8 @@ def _one_run(comm, config, method, steps, warmup, workdir, calibration, compute,
                             mismatches += 1
         params = CostParams(kernels=calibration["kernels"], handoff=calibration["handoff"],
                             software=calibration["software"],
+                            software_scope=calibration.get("software_scope", "process"),
+                            partition_overhead_s=calibration.get("partition_overhead_s", 0.0),
                             source="calibrated in this job")
         links = Links.from_fabric(calibration["fabric"])
         predictions = [predict_step(layout, links, params, r, dense_bytes, compute_s=compute[1],
@@ -238,23 +248,23 @@ def job_main(args):
     with tempfile.TemporaryDirectory() as scratch:
         workdir = comm.bcast(scratch if comm.Get_rank() == 0 else None)
         for round_index in range(args.rounds):
-            # each round measures its constants just before its runs, under the same load
-            topo = hpcpax.init(ranks_per_node, servers)
-            calibration = calibrate(topo, fabric_seconds=1.0)
-            compute = {name: _calibrate_compute(topo, {**config, "ranks_per_node": ranks_per_node,
-                                                       "servers_per_node": servers})
-                       for name, config in configs.items()}
-            several_per_node = topo.num_workers > topo.num_nodes
-            topo.free()
-            calibrations.append({**calibration, "compute": compute})
-            methods = {k: v for k, v in METHODS.items()
-                       if several_per_node or k != "ps-no-aggregation"}
             for name, config in configs.items():
-                for method_name, method in methods.items():
-                    base = {**config, "ranks_per_node": ranks_per_node,
-                            "servers_per_node": servers}
+                # each (round, model) measures its constants just before its runs, under
+                # the same load (the machine is shared: the load drifts within a round)
+                base = {**config, "ranks_per_node": ranks_per_node, "servers_per_node": servers}
+                topo = hpcpax.init(ranks_per_node, servers)
+                calibration = calibrate(topo, fabric_seconds=1.0)
+                compute = _calibrate_compute(topo, base)
+                several_per_node = topo.num_workers > topo.num_nodes
+                topo.free()
+                calibrations.append({**calibration, "compute": compute, "config": name,
+                                     "round": round_index})
+                methods = [(k, v) for k, v in METHODS.items()
+                           if several_per_node or k != "ps-no-aggregation"]
+                shift = round_index % len(methods)  # rotate the order from round to round
+                for method_name, method in methods[shift:] + methods[:shift]:
                     outcome = _one_run(comm, base, method, args.steps, args.warmup, workdir,
-                                       calibration, compute[name], check_bytes=round_index == 0)
+                                       calibration, compute, check_bytes=round_index == 0)
                     results.append({"config": name, "method": method_name, "round": round_index,
                                     **outcome})
     if comm.Get_rank() == 0:
@@ -298,7 +308,7 @@ def _summaries(layout_results):
 def _transfer(entries):
     from hpcpax.plan.learned import fit_correction
 
-    out_analytic, out_learned = {}, {}
+    out_analytic, out_learned, validation = {}, {}, {}
     for fit_on, predict_on in (("lm", "ctr"), ("ctr", "lm")):
         train = [e["record"] for e in entries if e["record"]["model"]["name"] == fit_on]
         test = [e["record"] for e in entries if e["record"]["model"]["name"] == predict_on]
@@ -312,7 +322,8 @@ def _transfer(entries):
         learned = np.array([correction.apply(r["predicted"]) for r in test])
         out_analytic[key] = float(np.median(np.abs(analytic - measured) / measured))
         out_learned[key] = float(np.median(np.abs(learned - measured) / measured))
-    return out_analytic, out_learned
+        validation[key] = correction.validation
+    return out_analytic, out_learned, validation
 
 
 def main():
@@ -327,6 +338,10 @@ def main():
     parser.add_argument("--warmup", type=int, default=4)
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--timeout", type=int, default=600)
+    parser.add_argument("--layouts", nargs="*", default=None,
+                        help="subset of layouts as RANKS-PERNODE-SERVERS, e.g. 2-2-0 4-2-1")
+    parser.add_argument("--save-jobs", default=None,
+                        help="folder to keep each layout job's raw JSON (per-phase detail)")
     args = parser.parse_args()
     if args.job:
         return job_main(args)
@@ -335,6 +350,8 @@ def main():
     from hpcpax.plan.runlog import RunLog
 
     layouts = QUICK_LAYOUTS if args.quick else LAYOUTS
+    if args.layouts:
+        layouts = [tuple(int(x) for x in name.split("-")) for name in args.layouts]
     if args.quick:
         args.rounds, args.steps, args.warmup = 1, 8, 3
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "HYDRA_", "MPI"))}
@@ -355,6 +372,11 @@ def main():
                 continue
             with open(out, encoding="utf-8") as handle:
                 jobs.append(json.load(handle))
+            if args.save_jobs:
+                os.makedirs(args.save_jobs, exist_ok=True)
+                with open(os.path.join(args.save_jobs, os.path.basename(out)), "w",
+                          encoding="utf-8") as handle:
+                    json.dump(jobs[-1], handle)
     entries = _summaries(jobs)
     log = RunLog()
     for entry in entries:
@@ -372,7 +394,7 @@ def main():
         spearman.append(_spearman(predicted, measured))
         pick = members[int(np.argmin(predicted))]["measured_s"]
         within.append(pick <= 1.10 * min(measured))
-    analytic, learned = _transfer(entries)
+    analytic, learned, validation = _transfer(entries)
     checks = sum(e["byte_checks"] for e in entries)
     emit({
         "benchmark": "cost_model_check",
@@ -387,6 +409,7 @@ def main():
         "spearman_median": float(np.median(spearman)) if spearman else None,
         "choice_within_10pct": float(np.mean(within)) if within else None,
         "transfer_error_analytic": analytic, "transfer_error_learned": learned,
+        "transfer_cross_validation": validation,
         "measured_spread_median": float(np.median([e["spread"] for e in entries])) if entries
         else None,
         "cases": [{"layout": e["layout"], "config": e["config"], "method": e["method"],

@@ -9,13 +9,16 @@ the facts the model needs, each measured here and now:
   ``duplex``/``shared_nic`` false when every rank sits on one host (the
   "links" are then copies through one host's memory, done by its cores);
 * ``Allreduce`` over the workers as its own alpha-beta class (on one host
-  MPICH runs a shared-memory algorithm that no link formula describes);
+  MPICH runs a shared-memory algorithm that no link formula describes), on
+  reused buffers and on fresh ones (a densified table is a fresh buffer);
 * kernel rates (:mod:`hpcpax.plan.kernel_rates`), timed on every rank at
   once, so that with more ranks than cores the rates are the ones a step
   sees (the median over ranks is kept);
-* hpcpax's own host overhead per operation (:func:`measure_software`:
-  the Python/NumPy path of a PS pull or push, an allgather push, a dense
-  allreduce, on a one-rank world with a few rows);
+* hpcpax's own fixed cost per operation (:func:`measure_operations`: a
+  PS pull or push, an allgather push, a dense allreduce, the step's figures
+  ``Allreduce``, each with a few rows on this job's own ranks, so that the
+  collectives' latencies under this job's load are in it;
+  :func:`measure_software` is the same path on a one-rank world);
 * the hand-off cost (:func:`measure_handoff`): what each stage of local
   work costs beyond itself when the next collective needs ranks that sat
   polling meanwhile (large when ranks outnumber free cores).
@@ -32,23 +35,58 @@ import time
 
 import numpy as np
 
-__all__ = ["calibrate", "measure_allreduce", "measure_handoff", "time_workers"]
+from .operation_costs import measure_operations, measure_software
+
+__all__ = ["calibrate", "evict_caches", "fit_relative", "private_cache_bytes",
+           "measure_allreduce", "measure_handoff", "measure_operations", "measure_software",
+           "time_workers"]
 
 #: Stage lengths (seconds of local work) at which the hand-off cost is timed.
 HANDOFF_WORK_S = (0.0, 300e-6, 1500e-6)
 
-ALLREDUCE_SIZES = (256, 64 << 10, 256 << 10)
+#: ``Allreduce`` sizes: from the step's small figures to a few MiB (densified tables
+#: and dense buckets are that large; a fit from small sizes alone misses the cache
+#: and memory-bandwidth limits of big ones).
+ALLREDUCE_SIZES = (256, 64 << 10, 1 << 20, 8 << 20)
 
 
-def measure_allreduce(comm, sizes=ALLREDUCE_SIZES, repeats: int = 15) -> dict | None:
+def fit_relative(sizes, seconds) -> tuple:
+    """``(latency_s, bandwidth_Bps)`` of ``seconds ~ latency + size / bandwidth``,
+    least squares on *relative* residuals (each point weighted by ``1 / seconds``).
+
+    Over sizes that span decades, plain least squares lets the largest size's
+    noise set the intercept; relative residuals keep the small sizes' latency.
+    Latency is clamped at 0; a non-positive slope falls back to the largest
+    size over its time. Not collective.
+    """
+    sizes = np.asarray(sizes, np.float64)
+    seconds = np.asarray(seconds, np.float64)
+    if sizes.shape != seconds.shape or sizes.size < 2:
+        raise ValueError(f"sizes and seconds must be equal-length with >= 2 points, not "
+                         f"{sizes.shape} and {seconds.shape}")
+    weight = 1.0 / np.maximum(seconds, 1e-12)
+    design = np.stack([np.ones_like(sizes), sizes], axis=1) * weight[:, None]
+    (latency, per_byte), *_ = np.linalg.lstsq(design, seconds * weight, rcond=None)
+    if latency < 0:  # refit through the origin
+        latency = 0.0
+        per_byte = float(np.sum(sizes * seconds * weight ** 2) / np.sum((sizes * weight) ** 2))
+    if not per_byte > 0:
+        big = int(np.argmax(sizes))
+        per_byte = seconds[big] / max(sizes[big], 1.0)
+    return float(latency), float(1.0 / per_byte)
+
+
+def measure_allreduce(comm, sizes=ALLREDUCE_SIZES, repeats: int = 9,
+                      fresh: bool = False) -> dict | None:
     """``{"latency_s", "bandwidth_Bps"}`` of ``Allreduce`` over ``comm``; **collective**.
 
     Each size is timed ``repeats`` times (the slowest rank's time, after a
-    barrier), sizes interleaved; the medians are fitted like a link.
+    barrier), sizes interleaved; the medians are fitted by :func:`fit_relative`.
+    ``fresh``: each call reduces a buffer allocated (``np.zeros``) just
+    before it, as a densified table is (its pages are faulted in inside the
+    ``Allreduce``, several times slower on some hosts); else buffers reused.
     """
     from mpi4py import MPI
-
-    from ..comm.fabric import fit_link_model
 
     if comm is None or comm.Get_size() < 2:
         return None
@@ -60,11 +98,13 @@ def measure_allreduce(comm, sizes=ALLREDUCE_SIZES, repeats: int = 15) -> dict | 
         for size, buf in zip(sizes, buffers):
             comm.Barrier()
             start = time.perf_counter()
+            if fresh:
+                buf = np.zeros(size // 4, np.float32)
             comm.Allreduce(MPI.IN_PLACE, buf)
             seconds[size].append(comm.allreduce(time.perf_counter() - start, op=MPI.MAX))
-    model = fit_link_model(list(sizes), [float(np.median(seconds[s])) for s in sizes])
-    model = comm.bcast(model, root=0)
-    return {"latency_s": model.latency_s, "bandwidth_Bps": model.bandwidth_Bps}
+    latency, bandwidth = comm.bcast(
+        fit_relative(list(sizes), [float(np.median(seconds[s])) for s in sizes]), root=0)
+    return {"latency_s": latency, "bandwidth_Bps": bandwidth}
 
 
 def measure_handoff(comm, work_s=HANDOFF_WORK_S, repeats: int = 60) -> dict:
@@ -103,11 +143,14 @@ def measure_handoff(comm, work_s=HANDOFF_WORK_S, repeats: int = 60) -> dict:
     return comm.bcast(result, root=0)
 
 
-def time_workers(topology, call, repeats: int = 5, warmup: int = 1) -> float:
+def time_workers(topology, call, repeats: int = 5, warmup: int = 1,
+                 between=None) -> float:
     """Median seconds of ``call()`` on the workers, all at once; **collective**.
 
-    Servers wait in a barrier meanwhile. Every rank returns the median over
-    workers of each worker's median.
+    Servers wait in a barrier meanwhile. ``between()``, when given, runs
+    before each timed call, untimed (e.g. :func:`evict_caches`: in a step
+    the pull and push move other data between two computes). Every rank
+    returns the median over workers of each worker's median.
     """
     comm = topology.comm
     mine = None
@@ -117,6 +160,8 @@ def time_workers(topology, call, repeats: int = 5, warmup: int = 1) -> float:
         topology.workers.Barrier()
         times = []
         for _ in range(repeats):
+            if between is not None:
+                between()
             start = time.perf_counter()
             call()
             times.append(time.perf_counter() - start)
@@ -124,6 +169,41 @@ def time_workers(topology, call, repeats: int = 5, warmup: int = 1) -> float:
     comm.Barrier()
     values = [v for v in comm.allgather(mine) if v is not None]
     return float(np.median(values))
+
+
+_EVICT = {}
+
+
+def private_cache_bytes(cpu: int = 0) -> int:
+    """Bytes of the largest cache private to one core (Linux sysfs; 2 MiB if unknown)."""
+    import glob
+    import os
+
+    best = 0
+    for index in glob.glob(f"/sys/devices/system/cpu/cpu{cpu}/cache/index*"):
+        try:
+            with open(os.path.join(index, "shared_cpu_list"), encoding="ascii") as handle:
+                shared = handle.read().strip()
+            with open(os.path.join(index, "size"), encoding="ascii") as handle:
+                size = handle.read().strip()
+        except OSError:
+            continue
+        if "," in shared or "-" in shared:
+            continue  # shared between cores
+        units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+        best = max(best, int(size[:-1]) * units[size[-1]] if size[-1] in units else int(size))
+    return best or (2 << 20)
+
+
+def evict_caches(nbytes: int | None = None) -> None:
+    """Write ``nbytes`` of scratch memory (default 4 x :func:`private_cache_bytes`),
+    pushing other data out of the core's private caches, as a step's pull and push
+    do between two computes. Local."""
+    nbytes = int(nbytes or 4 * private_cache_bytes())
+    buf = _EVICT.get(nbytes)
+    if buf is None:
+        buf = _EVICT[nbytes] = np.zeros(nbytes // 8, np.float64)
+    buf += 1.0
 
 
 def calibrate(topology, fabric_seconds: float = 1.0, dim: int = 64) -> dict:
@@ -143,10 +223,12 @@ def calibrate(topology, fabric_seconds: float = 1.0, dim: int = 64) -> dict:
     shared.Free()
     fabric = measure_fabric(topology, budget_s=fabric_seconds).to_dict()
     fabric.update(duplex=not one_host, shared_nic=not one_host)
-    measured = measure_allreduce(topology.workers) if topology.is_worker else None
-    measured = comm.bcast(measured, root=topology.worker_ranks[0])
-    if measured is not None and one_host:
-        fabric["allreduce"] = measured
+    for key, fresh in (("allreduce", False), ("allreduce_fresh", True)):
+        measured = measure_allreduce(topology.workers, fresh=fresh) if topology.is_worker \
+            else None
+        measured = comm.bcast(measured, root=topology.worker_ranks[0])
+        if measured is not None and one_host:
+            fabric[key] = measured
     handoff = measure_handoff(comm)
     comm.Barrier()
     mine = measure_kernel_rates(dim=dim, cache=False)
@@ -154,75 +236,8 @@ def calibrate(topology, fabric_seconds: float = 1.0, dim: int = 64) -> dict:
     kernels = {name: {key: float(np.median([r[name][key] for r in everyone]))
                       for key in ("call_s", "unit_s")} for name in mine}
     comm.Barrier()
-    mine = measure_software()
-    everyone = comm.allgather(mine)
-    software = {name: {key: float(np.median([r[name][key] for r in everyone]))
-                       for key in ("call_s", "per_variable_s")} for name in mine}
+    software = measure_operations(topology)
+    per_partition = software.pop("per_partition")["call_s"]
     return {"fabric": fabric, "kernels": kernels, "handoff": handoff, "software": software,
+            "software_scope": "job", "partition_overhead_s": per_partition,
             "one_host": bool(one_host)}
-
-
-def _per_op(call, repeats):
-    call()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        call()
-        times.append(time.perf_counter() - start)
-    return float(np.median(times))
-
-
-def measure_software(counts=(1, 8), repeats: int = 30, dim: int = 16) -> dict:
-    """hpcpax's own per-operation host overhead, without communication.
-
-    Not collective: runs a one-rank world on ``MPI.COMM_SELF`` in this
-    process (call it on every rank at once to include the load). Each
-    operation moves a few rows of ``k`` tables (``k`` in ``counts``) so
-    that only its fixed Python/NumPy path remains; fitted per operation to
-    ``call_s + per_variable_s * k``:
-
-    * ``ps_pull``, ``ps_push``: :meth:`ParameterServer.pull_unique_many` /
-      :meth:`~hpcpax.ps.server.ParameterServer.push_many`;
-    * ``allgather_push``: :func:`hpcpax.sync.replicated.push_many`;
-    * ``dense_allreduce``: :meth:`DenseAllreduce.allreduce` (per tensor).
-    """
-    from mpi4py import MPI
-
-    import hpcpax
-    from ..comm.allreduce import DenseAllreduce
-    from ..ps.server import ParameterServer, SparseVariableSpec
-    from ..ps.sparse_grad import SparseGrad
-    from ..sync.replicated import ReplicatedTable, push_many
-
-    topo = hpcpax.init(None, 0, comm=MPI.COMM_SELF)
-    try:
-        ids = np.arange(4, dtype=np.int64)
-        values = np.ones((4, dim), np.float32)
-        points = {name: [] for name in ("ps_pull", "ps_push", "allgather_push",
-                                        "dense_allreduce")}
-        for k in counts:
-            specs = [SparseVariableSpec(f"t{k}_{i}", rows=64, dim=dim) for i in range(k)]
-            ps = ParameterServer(topo)
-            ps.register(specs)
-            names = [s.name for s in specs]
-            points["ps_pull"].append((k, _per_op(
-                lambda: ps.pull_unique_many({n: ids for n in names}), repeats)))
-            points["ps_push"].append((k, _per_op(
-                lambda: ps.push_many({n: SparseGrad(ids, values, 64) for n in names}), repeats)))
-            tables = {s.name: ReplicatedTable(topo, s, "allgather") for s in specs}
-            points["allgather_push"].append((k, _per_op(
-                lambda: push_many(tables, {n: SparseGrad(ids, values, 64) for n in names}),
-                repeats)))
-            tensors = {f"w{i}": ((16,), np.float32) for i in range(k)}
-            engine = DenseAllreduce(topo, tensors)
-            grads = {n: np.ones(16, np.float32) for n in tensors}
-            points["dense_allreduce"].append((k, _per_op(lambda: engine.allreduce(grads),
-                                                         repeats)))
-            ps.shutdown()
-    finally:
-        topo.free()
-    out = {}
-    for name, ((k0, t0), (k1, t1)) in points.items():
-        per = max((t1 - t0) / (k1 - k0), 0.0)
-        out[name] = {"call_s": max(t0 - per * k0, 0.0), "per_variable_s": per}
-    return out

@@ -63,6 +63,9 @@ class Links:
         allreduce: measured ``(latency, bandwidth)`` of ``Allreduce`` over
             the workers on this machine, used instead of the algorithm
             formula when given (MPICH runs a shared-memory algorithm there).
+        allreduce_fresh: the same for a buffer allocated just before the
+            call (a densified table: its pages are first touched, and
+            faulted in, inside the ``Allreduce``); None: as ``allreduce``.
     """
 
     intra_latency: float
@@ -73,6 +76,7 @@ class Links:
     duplex: bool = True
     shared_nic: bool = True
     allreduce: tuple | None = None
+    allreduce_fresh: tuple | None = None
 
     @classmethod
     def from_fabric(cls, fabric) -> "Links":
@@ -94,12 +98,14 @@ class Links:
             xl, xb = float(fabric.inter.latency_s), float(fabric.inter.bandwidth_Bps)
         if min(ib, xb) <= 0:
             raise ValueError(f"fabric bandwidths must be > 0, not intra={ib}, inter={xb}")
-        measured = get("allreduce", None)
+        measured, fresh = get("allreduce", None), get("allreduce_fresh", None)
         if isinstance(measured, Mapping):
             measured = (float(measured["latency_s"]), float(measured["bandwidth_Bps"]))
+        if isinstance(fresh, Mapping):
+            fresh = (float(fresh["latency_s"]), float(fresh["bandwidth_Bps"]))
         return cls(il, ib, xl, xb, max(1, int(get("allreduce_bucket_bytes", 64 << 20) or 1)),
                    bool(get("duplex", True)), bool(get("shared_nic", True)),
-                   tuple(measured) if measured else None)
+                   tuple(measured) if measured else None, tuple(fresh) if fresh else None)
 
     def link(self, crosses: bool):
         """``(latency, bandwidth)`` of the inter-node link if ``crosses``, else intra."""
@@ -306,11 +312,13 @@ def _allreduce_flat(ranks, nbytes, count, latency, bandwidth, duplex) -> tuple:
     return 2 * steps * latency, 2 * moved * per_byte, 2 * steps, "reduce_scatter_allgather"
 
 
-def allreduce(node_of, nbytes: float, links: Links, itemsize: int = 4) -> Cost:
+def allreduce(node_of, nbytes: float, links: Links, itemsize: int = 4,
+              fresh: bool = False) -> Cost:
     """Seconds of one ``Allreduce`` of ``nbytes`` over the ranks ``node_of`` describes.
 
     With a measured ``links.allreduce`` (same machine, same workers) that is
-    used; otherwise MPICH's algorithm on the link classes (see the module
+    used (``links.allreduce_fresh`` for a ``fresh`` buffer, when measured);
+    otherwise MPICH's algorithm on the link classes (see the module
     docstring).
     """
     node_of = _node_array(node_of)
@@ -318,8 +326,9 @@ def allreduce(node_of, nbytes: float, links: Links, itemsize: int = 4) -> Cost:
     cost = Cost()
     if p <= 1 or nbytes <= 0:
         return cost
-    if links.allreduce is not None:
-        latency, bandwidth = links.allreduce
+    measured = links.allreduce_fresh if fresh and links.allreduce_fresh else links.allreduce
+    if measured is not None:
+        latency, bandwidth = measured
         cost.algorithm = "measured"
         cost.add_round(latency, nbytes / bandwidth, 0.0, "allreduce (measured)", "node NIC")
         return cost

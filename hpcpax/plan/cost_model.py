@@ -196,7 +196,9 @@ class CostParams:
         partition_overhead_s: fixed seconds per partition a server owns, per
             phase (a framework that runs one operation per partition, like
             TensorFlow under Parallax, pays it; hpcpax runs one kernel per
-            variable, so measured hpcpax parameters leave it at 0).
+            variable but still pays some host work per partition, measured
+            by :func:`hpcpax.plan.operation_costs.measure_operations`,
+            ``per_partition``; 0 by default).
         server_apply_Bps: bytes of rows per second a server applies (and
             gathers, unless ``server_gather_Bps``) when no ``apply``
             /``gather`` rate is given: a preset's host-memory figure.
@@ -224,6 +226,12 @@ class CostParams:
             :func:`hpcpax.plan.calibrate.measure_software`. It includes the
             kernels' fixed cost per call, so with it :meth:`kernel` counts
             only their per-unit cost.
+        software_scope: where ``software`` was measured: ``"process"`` (a
+            one-rank world, :func:`~hpcpax.plan.calibrate.measure_software`:
+            the host path only) or ``"job"`` (the job's own ranks,
+            :func:`~hpcpax.plan.calibrate.measure_operations`: the host path
+            and the latencies of the operation's collectives, which the step
+            model then does not charge again).
         source: where the numbers come from (printed with predictions).
     """
 
@@ -237,7 +245,13 @@ class CostParams:
     backward_fraction: float = 2.0 / 3.0
     handoff: dict | None = None
     software: dict | None = None
+    software_scope: str = "process"
     source: str = ""
+
+    def __post_init__(self):
+        if self.software_scope not in ("process", "job"):
+            raise ValueError(f"software_scope must be 'process' or 'job', "
+                             f"not {self.software_scope!r}")
 
     @classmethod
     def measured(cls, dim: int = 64, dtype: str = "float32", **overrides) -> "CostParams":
@@ -281,7 +295,8 @@ class CostParams:
                 "server_gather_Bps": self.server_gather_Bps, "server_lanes": self.server_lanes,
                 "kernels": self.kernels, "ps_batch": self.ps_batch,
                 "overlap_dense": self.overlap_dense, "backward_fraction": self.backward_fraction,
-                "handoff": self.handoff, "software": self.software, "source": self.source}
+                "handoff": self.handoff, "software": self.software,
+                "software_scope": self.software_scope, "source": self.source}
 
 
 def _routing(var: VarSpec, method: str, layout, partitions: int, local_aggregation: bool):

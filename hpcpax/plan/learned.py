@@ -10,24 +10,37 @@ fitted by NumPy least squares so that
 
 with a ridge pull of every weight towards 1 (the analytic model), so a
 mechanism the records rarely exercise keeps its analytic cost. Weights are
-kept in ``[0.05, 20]``. It needs :data:`MIN_RECORDS` records with a
-prediction; :func:`load_correction` says why it is or is not used, and
-``--plan auto`` writes that into the plan. Pure NumPy.
+kept in ``[0.05, 20]``.
+
+A correction fitted on one machine's load or one model's mix of mechanisms
+can make predictions of other runs worse. So when the records span at least
+two groups (a group: one model on one layout), :func:`fit_correction`
+cross-validates: leave each group out, fit on the rest, predict it; the
+ridge strength is chosen among :data:`RIDGES` by that held-out median
+relative error, and when no strength beats the analytic model on held-out
+groups the correction is *not used* (``validation["helps"]`` False; its
+weights are all 1, so applying it gives the analytic prediction). It needs
+:data:`MIN_RECORDS` records with a prediction; :func:`load_correction` says
+why it is or is not used, and ``--plan auto`` writes that into the plan.
+Pure NumPy.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 
 import numpy as np
 
-__all__ = ["FEATURES", "MIN_RECORDS", "Correction", "fit_correction", "load_correction",
-           "record_features"]
+__all__ = ["FEATURES", "MIN_RECORDS", "RIDGES", "Correction", "fit_correction",
+           "load_correction", "record_features", "record_group"]
 
 FEATURES = ("latency", "intra link", "inter link", "node NIC", "server CPU", "client kernels",
             "scheduling", "software")
 MIN_RECORDS = 8
 RIDGE = 0.1  # pull towards the analytic model, relative to the mean squared feature
+#: ridge strengths tried by cross-validation (stronger: closer to the analytic model)
+RIDGES = (0.1, 1.0, 10.0)
 WEIGHT_RANGE = (0.05, 20.0)
 
 
@@ -50,6 +63,14 @@ class Correction:
     weights: dict
     records: int = 0
     models: list = field(default_factory=list)
+    #: cross-validation: ``{"groups", "ridge", "analytic_error", "learned_error", "helps"}``
+    #: (None when the records were one group, so nothing could be held out)
+    validation: dict | None = None
+
+    @property
+    def helps(self) -> bool:
+        """False when cross-validation found it no better than the analytic model."""
+        return self.validation is None or bool(self.validation.get("helps", True))
 
     def apply(self, prediction) -> float:
         """Corrected seconds of a :class:`~hpcpax.plan.step_model.StepPrediction` (or its dict)."""
@@ -59,20 +80,67 @@ class Correction:
 
     def to_dict(self) -> dict:
         """The correction as a JSON-able dict."""
-        return {"weights": dict(self.weights), "records": self.records, "models": self.models}
+        return {"weights": dict(self.weights), "records": self.records, "models": self.models,
+                "validation": self.validation}
 
     @classmethod
     def from_dict(cls, data: dict) -> "Correction":
         """A correction from :meth:`to_dict`'s dict."""
         return cls(dict(data["weights"]), int(data.get("records", 0)),
-                   list(data.get("models", [])))
+                   list(data.get("models", [])), data.get("validation"))
 
 
-def fit_correction(records, ridge: float = RIDGE) -> Correction | None:
-    """Fit the weights on ``records`` (run-log dicts); None when none has a prediction."""
-    rows = [f for f in (record_features(r) for r in records) if f is not None]
-    if not rows:
+def record_group(record: dict) -> str:
+    """The cross-validation group of a record: its model's name and its layout."""
+    name = (record.get("model") or {}).get("name") or "?"
+    return name + " " + json.dumps(record.get("layout"), sort_keys=True, default=str)
+
+
+def _median_error(rows, weights) -> float:
+    errors = [abs(float(f @ weights) + rest - m) / m for f, rest, m in rows]
+    return float(np.median(errors))
+
+
+def fit_correction(records, ridge: float | None = None) -> Correction | None:
+    """Fit the weights on ``records`` (run-log dicts); None when none has a prediction.
+
+    ``ridge``: one strength, or None to choose among :data:`RIDGES` by
+    leave-one-group-out cross-validation (:data:`RIDGE` when there is one
+    group). With two groups or more the result carries ``validation``, and
+    when held-out groups are predicted no better than by the analytic model
+    its weights are all 1 (``helps`` False).
+    """
+    usable = [r for r in records if record_features(r) is not None]
+    if not usable:
         return None
+    groups = [record_group(r) for r in usable]
+    models = sorted({(r.get("model") or {}).get("name") or "?" for r in usable})
+    if len(set(groups)) < 2:
+        return Correction(_fit_weights(usable, RIDGE if ridge is None else ridge), len(usable),
+                          models)
+    rows = [record_features(r) for r in usable]
+    ones = np.ones(len(FEATURES))
+    analytic = _median_error(rows, ones)
+    scores = {}
+    for strength in (RIDGES if ridge is None else (ridge,)):
+        for group in sorted(set(groups)):
+            train = [r for r, g in zip(usable, groups) if g != group]
+            weights = np.array([_fit_weights(train, strength)[k] for k in FEATURES])
+            scores.setdefault(strength, []).extend(
+                abs(float(f @ weights) + rest - m) / m
+                for (f, rest, m), g in zip(rows, groups) if g == group)
+        scores[strength] = float(np.median(scores[strength]))
+    best = min(scores, key=scores.get)
+    helps = scores[best] < analytic
+    validation = {"groups": len(set(groups)), "ridge": best, "analytic_error": analytic,
+                  "learned_error": scores[best], "helps": bool(helps)}
+    weights = _fit_weights(usable, best) if helps else dict.fromkeys(FEATURES, 1.0)
+    return Correction(weights, len(usable), models, validation)
+
+
+def _fit_weights(records, ridge: float) -> dict:
+    """``{feature: weight}`` fitted on ``records`` (each has a prediction)."""
+    rows = [record_features(r) for r in records]
     x = np.array([f for f, _, _ in rows])
     y = np.array([m - rest for _, rest, m in rows])
     # relative errors matter: weight each run by 1 / its measured time
@@ -84,8 +152,7 @@ def fit_correction(records, ridge: float = RIDGE) -> Correction | None:
     target = np.concatenate([ys, np.sqrt(strength) * np.ones(k)])
     weights, *_ = np.linalg.lstsq(design, target, rcond=None)
     weights = np.clip(weights, *WEIGHT_RANGE)
-    models = sorted({(r.get("model") or {}).get("name") or "?" for r in records})
-    return Correction({name: float(w) for name, w in zip(FEATURES, weights)}, len(rows), models)
+    return {name: float(w) for name, w in zip(FEATURES, weights)}
 
 
 def load_correction(path: str | None = None, min_records: int = MIN_RECORDS):
@@ -102,4 +169,9 @@ def load_correction(path: str | None = None, min_records: int = MIN_RECORDS):
     if len(usable) < min_records:
         return None, f"not used: {len(usable)} records with a prediction < {min_records}"
     correction = fit_correction(usable)
+    if not correction.helps:
+        v = correction.validation
+        return None, (f"not used: cross-validation over {v['groups']} groups: held-out median "
+                      f"error {v['learned_error']:.3f} with it, {v['analytic_error']:.3f} "
+                      f"without")
     return correction, f"used: fitted on {correction.records} records"

@@ -17,9 +17,29 @@ runs. Server work (gathers, dedup and optimizer on pushed rows) on one owner
 runs its partitions ``min(partitions it owns, server_lanes)`` at a time, and
 pays ``partition_overhead_s`` per partition per phase.
 
+hpcpax's fixed cost per operation (``software``) comes from
+:class:`~hpcpax.plan.cost_model.CostParams.software`. Measured on a one-rank
+world (``software_scope="process"``) it is only the host path, and every
+collective's latency is priced here; measured on the job's own ranks
+(``"job"``, :func:`hpcpax.plan.calibrate.measure_operations`) it already
+holds the latencies of the operation's collectives as this machine runs
+them, so those are not charged again (their bytes still are).
+
+The hand-off (``CostParams.handoff``) is what local work costs beyond
+itself when ranks that sat polling meanwhile must join the next collective:
+``handoff_s`` once per operation of the step (a PS pull or push, an
+allgather push, each densified table's ``Allreduce``, the dense allreduce,
+the step's figures; not with job-scope operation costs, timed one after
+the other as in a step, which hold it), plus ``handoff_per_work`` times the work only for
+*server* work (servers work while the workers wait, as in its
+measurement); the workers' own stages (data, compute, client kernels) run
+on every worker at once and their rates are measured that way, under the
+same load, so scaling them again would count the load twice.
+
 Every second is also charged to a *resource* (``compute``, ``client
 kernels``, ``server CPU``, ``intra link``, ``inter link``, ``node NIC``,
-``latency``); the one with the most is the step's bottleneck. Pure NumPy.
+``latency``, ``software``, ``scheduling``); the one with the most is the
+step's bottleneck. Pure NumPy.
 """
 
 from __future__ import annotations
@@ -58,6 +78,8 @@ class StepPrediction:
         return max(self.resources, key=self.resources.get) if self.resources else ""
 
     handoff: dict | None = None
+    #: the measured per-operation costs hold their collectives' latencies
+    latency_included: bool = False
 
     def charge(self, phase, resource, seconds):
         """Add ``seconds`` to ``phase`` and to ``resource``."""
@@ -67,14 +89,26 @@ class StepPrediction:
         self.phases[phase] = self.phases.get(phase, 0.0) + seconds
         self.resources[resource] = self.resources.get(resource, 0.0) + seconds
         if self.handoff and resource in LOCAL_WORK:
-            # the stage hands over to a collective whose ranks sat polling
-            extra = self.handoff["handoff_s"] + self.handoff["handoff_per_work"] * seconds
-            self.phases[phase] += extra
-            self.resources["scheduling"] = self.resources.get("scheduling", 0.0) + extra
+            self.hand_off(phase, handoff_seconds(self.handoff, resource, seconds))
 
-    def charge_cost(self, phase, cost: coll.Cost, scale: float = 1.0):
-        """Charge a collective: its latency to ``latency``, the rest to the resources it used."""
-        self.charge(phase, "latency", cost.latency_s * scale)
+    def hand_off(self, phase, seconds=None):
+        """Charge a hand-off to ``scheduling``: ``seconds``, or the per-operation
+        ``handoff_s`` (not when the operations' measured costs hold it already)."""
+        if seconds is None:
+            seconds = 0.0 if self.latency_included else float(
+                (self.handoff or {}).get("handoff_s", 0.0))
+        if seconds > 0:
+            self.phases[phase] = self.phases.get(phase, 0.0) + seconds
+            self.resources["scheduling"] = self.resources.get("scheduling", 0.0) + seconds
+
+    def charge_cost(self, phase, cost: coll.Cost, scale: float = 1.0, covered: bool = False):
+        """Charge a collective: its latency to ``latency``, the rest to the resources it used.
+
+        ``covered``: the collective belongs to an operation whose measured
+        fixed cost already holds its latency (see ``latency_included``).
+        """
+        if not (covered and self.latency_included):
+            self.charge(phase, "latency", cost.latency_s * scale)
         total = sum(cost.parts.values())
         moved = cost.bandwidth_s + cost.nic_s
         for resource, seconds in cost.parts.items():
@@ -84,6 +118,19 @@ class StepPrediction:
         """The prediction as a JSON-able dict."""
         return {"seconds": self.seconds, "phases": dict(self.phases),
                 "resources": dict(self.resources), "bottleneck": self.bottleneck}
+
+
+def handoff_seconds(handoff, resource, seconds) -> float:
+    """Hand-off seconds that ``seconds`` of local work on ``resource`` add.
+
+    ``handoff_per_work * seconds`` for ``server CPU`` (the one stage where
+    some ranks work while the others wait, as
+    :func:`~hpcpax.plan.calibrate.measure_handoff` times it), else 0 (the
+    per-operation ``handoff_s`` is charged by :meth:`StepPrediction.hand_off`).
+    """
+    if not handoff or seconds <= 0 or resource != "server CPU":
+        return 0.0
+    return float(handoff.get("handoff_per_work", 0.0)) * float(seconds)
 
 
 def _server_seconds(work, routing_parts, params):
@@ -119,33 +166,48 @@ def _ps_exchange(pred, phase, layout, links, params, routings, record, server_wo
                  delegate_work, back=None):
     """One batched PS operation: header, (intra-node), counts, data (, data back)."""
     everyone = list(layout.node_of)
-    pred.charge_cost(phase, coll.allgatherv(everyone, HEADER_BYTES, links), share)
+    pred.hand_off(phase)
+    pred.charge_cost(phase, coll.allgatherv(everyone, HEADER_BYTES, links), share, True)
     aggregated = [r for r in routings if r.to_delegate is not None]
     if aggregated:
         k = len(aggregated)
         pred.charge_cost(phase, _node_collectives(
-            layout, links, lambda ranks, nodes: coll.alltoall(nodes, COUNT_BYTES * k, links)), share)
+            layout, links, lambda ranks, nodes: coll.alltoall(nodes, COUNT_BYTES * k, links)),
+            share, True)
         out = sum(r.to_delegate * record(r) for r in aggregated)
         pred.charge_cost(phase, _node_collectives(
             layout, links, lambda ranks, nodes: coll.alltoallv(
-                nodes, _node_matrix(layout, out, ranks), links)))
+                nodes, _node_matrix(layout, out, ranks), links)), covered=True)
         # fan-in: the delegate deduplicates what its node's workers sent it
         pred.charge(phase, "client kernels", float(np.max(sum(
             delegate_work(r, r.to_delegate.sum(axis=0)) for r in aggregated))))
-    pred.charge_cost(phase, coll.alltoall(everyone, COUNT_BYTES * len(routings), links), share)
+    pred.charge_cost(phase, coll.alltoall(everyone, COUNT_BYTES * len(routings), links), share,
+                     True)
     pred.charge_cost(phase, coll.alltoallv(everyone, sum(r.to_owner * record(r)
-                                                         for r in routings), links))
+                                                         for r in routings), links),
+                     covered=True)
     work = sum(server_work(r) for r in routings)
     parts = sum(r.parts_of_owner for r in routings)
     pred.charge(phase, "server CPU", float(_server_seconds(work, parts, params).max()))
     if back is not None:
         pred.charge_cost(phase, coll.alltoallv(everyone, sum(r.to_owner.T * back(r)
-                                                             for r in routings), links))
+                                                             for r in routings), links),
+                         covered=True)
         if aggregated:
             out = sum(r.to_delegate.T * r.row_bytes for r in aggregated)
             pred.charge_cost(phase, _node_collectives(
                 layout, links, lambda ranks, nodes: coll.alltoallv(
-                    nodes, _node_matrix(layout, out, ranks), links)))
+                    nodes, _node_matrix(layout, out, ranks), links)), covered=True)
+
+
+def _ps_operation(params, operation, routings):
+    """``operation`` or its ``_no_aggregation`` form when no routing aggregates (and it
+    was measured)."""
+    direct = operation + "_no_aggregation"
+    if params.software and direct in params.software and \
+            all(r.to_delegate is None for r in routings):
+        return direct
+    return operation
 
 
 def _received_rows(r):
@@ -171,7 +233,8 @@ def predict_step(layout: Layout, links, params, routings: dict, dense_bytes=(),
         include_control: add the trainer's per-step figures ``Allreduce``.
     """
     links = coll.Links.from_fabric(links)
-    pred = StepPrediction(handoff=params.handoff)
+    pred = StepPrediction(handoff=params.handoff, latency_included=bool(
+        params.software) and params.software_scope == "job")
     share = 1.0 / max(1, int(ps_batch)) if ps_batch else 1.0
     workers = list(layout.worker_ranks)
     worker_nodes = [layout.node_of[r] for r in workers]
@@ -183,7 +246,8 @@ def predict_step(layout: Layout, links, params, routings: dict, dense_bytes=(),
     densified = [r for r in routings.values() if r.method == "allreduce"]
     # pull: ids deduplicated, then the PS tables in one exchange; replicas read locally
     if on_ps:
-        pred.charge("pull", "software", params.overhead("ps_pull", len(on_ps)))
+        pred.charge("pull", "software", params.overhead(_ps_operation(params, "ps_pull", on_ps),
+                                                        len(on_ps)))
         pred.charge("pull", "client kernels",
                     max(sum(params.kernel("unique", r.raw[w]) for r in on_ps) for w in workers))
         _ps_exchange(pred, "pull", layout, links, params, on_ps, lambda r: INDEX_BYTES,
@@ -204,8 +268,10 @@ def predict_step(layout: Layout, links, params, routings: dict, dense_bytes=(),
         pred.charge("push", "software", params.overhead("allgather_push", len(replicas)))
     if gathered:
         record = [r.unique[workers] * (INDEX_BYTES + r.row_bytes) for r in gathered]
-        pred.charge_cost("push", coll.allgatherv(worker_nodes, COUNT_BYTES * len(gathered), links))
-        pred.charge_cost("push", coll.allgatherv(worker_nodes, sum(record), links))
+        pred.hand_off("push")
+        pred.charge_cost("push", coll.allgatherv(worker_nodes, COUNT_BYTES * len(gathered), links),
+                         covered=True)
+        pred.charge_cost("push", coll.allgatherv(worker_nodes, sum(record), links), covered=True)
         # every worker sums all workers' rows, then updates the union of rows
         pred.charge("push", "client kernels", sum(
             params.kernel("dedup", r.unique[workers].sum() * r.row_bytes)
@@ -214,8 +280,11 @@ def predict_step(layout: Layout, links, params, routings: dict, dense_bytes=(),
         table = r.rows * r.row_bytes
         pred.charge("push", "client kernels", params.kernel("gather", table)
                     + params.kernel("apply", r.union * r.row_bytes))
-        pred.charge_cost("push", coll.allreduce(worker_nodes, table, links))
-        pred.charge_cost("push", coll.allreduce(worker_nodes, r.rows, links, itemsize=1))
+        # densified into a fresh table (and a fresh mask of rows) just before the call
+        pred.hand_off("push")
+        pred.charge_cost("push", coll.allreduce(worker_nodes, table, links, fresh=True))
+        pred.charge_cost("push", coll.allreduce(worker_nodes, r.rows, links, itemsize=1,
+                                                fresh=True))
     if on_ps:
         def apply_work(r):
             rows = _received_rows(r)
@@ -224,7 +293,8 @@ def predict_step(layout: Layout, links, params, routings: dict, dense_bytes=(),
             return (params.kernel("dedup", rows * r.row_bytes)
                     + params.kernel("apply", distinct * r.row_bytes))
 
-        pred.charge("push", "software", params.overhead("ps_push", len(on_ps)))
+        pred.charge("push", "software", params.overhead(_ps_operation(params, "ps_push", on_ps),
+                                                        len(on_ps)))
         _ps_exchange(pred, "push", layout, links, params, on_ps,
                      lambda r: INDEX_BYTES + r.row_bytes, apply_work, share,
                      lambda r, rows: params.kernel("dedup", rows * r.row_bytes))
@@ -232,12 +302,17 @@ def predict_step(layout: Layout, links, params, routings: dict, dense_bytes=(),
     total = float(sum(dense_bytes))
     pred.charge("dense", "software", params.overhead("dense_allreduce", len(dense_bytes)))
     if total > 0 and len(workers) > 1:
+        pred.hand_off("dense")
         full, rest = divmod(total, links.bucket_bytes)
+        # the measured operation holds one bucket's latency (the last one's)
         if full:
             pred.charge_cost("dense", coll.allreduce(worker_nodes, links.bucket_bytes, links),
-                             full)
+                             full - (0 if rest else 1))
+            if not rest:
+                pred.charge_cost("dense", coll.allreduce(worker_nodes, links.bucket_bytes, links),
+                                 covered=True)
         if rest:
-            pred.charge_cost("dense", coll.allreduce(worker_nodes, rest, links))
+            pred.charge_cost("dense", coll.allreduce(worker_nodes, rest, links), covered=True)
     # a framework that overlaps hides the allreduce behind the backward pass
     hidden = min(max(params.overlap_dense, 0.0) * params.backward_fraction * compute_s,
                  pred.phases["dense"])
@@ -247,8 +322,10 @@ def predict_step(layout: Layout, links, params, routings: dict, dense_bytes=(),
     pred.charge("optimizer", "client kernels",
                 sum(params.kernel("dense_optimizer", b) for b in dense_bytes))
     if include_control and len(workers) > 1:
+        pred.hand_off("control")
+        pred.charge("control", "software", params.overhead("control", 1))
         pred.charge_cost("control", coll.allreduce(worker_nodes, REDUCE_STEP_BYTES, links,
-                                                    itemsize=8))
+                                                    itemsize=8), covered=True)
     return pred
 
 

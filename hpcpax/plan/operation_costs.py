@@ -1,0 +1,234 @@
+"""hpcpax's fixed cost per operation, measured (the calibration's host-overhead part).
+
+:func:`measure_operations` (**collective**) times each operation a step runs
+(a batched PS pull or push with and without local aggregation, an allgather
+push, a dense allreduce, the step's figures ``Allreduce``) with a few rows on
+the job's own ranks, one after the other as in a step, and the extra cost of
+a PS table's partitions; :func:`measure_software` times the same host path
+on a one-rank world. Used by :func:`hpcpax.plan.calibrate.calibrate`.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+__all__ = ["measure_operations", "measure_software"]
+
+#: partitions of the table whose extra cost per partition is measured
+PARTITIONS = 16
+
+
+def _thread_limits():
+    """This rank's BLAS and Numba thread settings (to restore them later)."""
+    from ..ops import _numba
+
+    blas = None
+    try:
+        from threadpoolctl import threadpool_info  # noqa: PLC0415
+
+        blas = [p["num_threads"] for p in threadpool_info() if p.get("user_api") == "blas"]
+    except ImportError:
+        pass
+    return _numba._DEFAULT_THREADS, blas
+
+
+def _restore_thread_limits(saved):
+    """Undo a one-rank world's thread limits: a one-rank ``hpcpax.init`` gives this rank
+    every core, and a job with more ranks than cores then computes many times slower."""
+    from ..ops import _numba
+
+    numba_threads, blas = saved
+    _numba._DEFAULT_THREADS = numba_threads
+    if blas:
+        from threadpoolctl import threadpool_limits  # noqa: PLC0415
+
+        threadpool_limits(limits=min(blas), user_api="blas")
+
+
+def _per_op(call, repeats):
+    call()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - start)
+    return float(np.median(times))
+
+
+def measure_software(counts=(1, 8), repeats: int = 30, dim: int = 16) -> dict:
+    """hpcpax's own per-operation host overhead, without communication.
+
+    Not collective: runs a one-rank world on ``MPI.COMM_SELF`` in this
+    process (call it on every rank at once to include the load). Each
+    operation moves a few rows of ``k`` tables (``k`` in ``counts``) so
+    that only its fixed Python/NumPy path remains; fitted per operation to
+    ``call_s + per_variable_s * k``:
+
+    * ``ps_pull``, ``ps_push``: :meth:`ParameterServer.pull_unique_many` /
+      :meth:`~hpcpax.ps.server.ParameterServer.push_many`;
+    * ``allgather_push``: :func:`hpcpax.sync.replicated.push_many`;
+    * ``dense_allreduce``: :meth:`DenseAllreduce.allreduce` (per tensor).
+    """
+    from mpi4py import MPI
+
+    import hpcpax
+    from ..comm.allreduce import DenseAllreduce
+    from ..ps.server import ParameterServer, SparseVariableSpec
+    from ..ps.sparse_grad import SparseGrad
+    from ..sync.replicated import ReplicatedTable, push_many
+
+    saved = _thread_limits()
+    topo = hpcpax.init(None, 0, comm=MPI.COMM_SELF)  # (it sets this rank's thread limits)
+    try:
+        ids = np.arange(4, dtype=np.int64)
+        values = np.ones((4, dim), np.float32)
+        points = {name: [] for name in ("ps_pull", "ps_push", "allgather_push",
+                                        "dense_allreduce")}
+        for k in counts:
+            specs = [SparseVariableSpec(f"t{k}_{i}", rows=64, dim=dim) for i in range(k)]
+            ps = ParameterServer(topo)
+            ps.register(specs)
+            names = [s.name for s in specs]
+            points["ps_pull"].append((k, _per_op(
+                lambda: ps.pull_unique_many({n: ids for n in names}), repeats)))
+            points["ps_push"].append((k, _per_op(
+                lambda: ps.push_many({n: SparseGrad(ids, values, 64) for n in names}), repeats)))
+            tables = {s.name: ReplicatedTable(topo, s, "allgather") for s in specs}
+            points["allgather_push"].append((k, _per_op(
+                lambda: push_many(tables, {n: SparseGrad(ids, values, 64) for n in names}),
+                repeats)))
+            tensors = {f"w{i}": ((16,), np.float32) for i in range(k)}
+            engine = DenseAllreduce(topo, tensors)
+            grads = {n: np.ones(16, np.float32) for n in tensors}
+            points["dense_allreduce"].append((k, _per_op(lambda: engine.allreduce(grads),
+                                                         repeats)))
+            ps.shutdown()
+    finally:
+        topo.free()
+        _restore_thread_limits(saved)
+    out = {}
+    for name, ((k0, t0), (k1, t1)) in points.items():
+        per = max((t1 - t0) / (k1 - k0), 0.0)
+        out[name] = {"call_s": max(t0 - per * k0, 0.0), "per_variable_s": per}
+    return out
+
+
+def measure_operations(topology, counts=(1, 8), repeats: int = 15, dim: int = 16) -> dict:
+    """hpcpax's fixed seconds per operation on this job's ranks; **collective**.
+
+    Like :func:`measure_software`, but each operation runs on ``topology``
+    itself (servers serving, every worker calling), with 4 rows per table,
+    so what remains is the operation's fixed cost as a step pays it: the
+    Python/NumPy path on every rank *and* its collectives' latencies with
+    this job's ranks on this machine's cores (an oversubscribed host makes
+    every collective wait for descheduled ranks). The operations run one
+    after the other, as in a step, without a barrier between them, so each
+    also holds the hand-off from the one before; the ``k`` values are
+    interleaved, so both see the same load; each worker keeps its median,
+    and the mean over workers is kept (the trainer reports phase times as
+    means over workers). Fitted per operation to ``call_s + per_variable_s * k``.
+    Operations: ``ps_pull``, ``ps_push`` (with local aggregation, and
+    ``*_no_aggregation`` without; the same where a node has one worker),
+    ``allgather_push``, ``dense_allreduce`` and ``control`` (the trainer's
+    per-step figures ``Allreduce``, see
+    :data:`hpcpax.plan.step_model.REDUCE_STEP_BYTES`). ``per_partition``:
+    its ``call_s`` is the extra seconds per partition an owner holds, per PS
+    phase (a table of :data:`PARTITIONS` partitions against one of the
+    default number, pull and push averaged), the model's
+    ``CostParams.partition_overhead_s``.
+    """
+    from mpi4py import MPI
+
+    from ..comm.allreduce import DenseAllreduce
+    from ..ps.server import ParameterServer, SparseVariableSpec
+    from ..ps.sparse_grad import SparseGrad
+    from ..sync.replicated import ReplicatedTable, push_many
+    from .step_model import REDUCE_STEP_BYTES
+
+    comm = topology.comm
+    rows = 64 * max(1, comm.Get_size())
+    # 16 ids 5 apart: every residue mod P <= 16, so every partition and owner gets a
+    # request (as in a real step)
+    ids = (np.arange(16, dtype=np.int64) * 5 + max(0, topology.worker_index)) % rows
+    values = np.ones((16, dim), np.float32)
+    specs = [SparseVariableSpec(f"calibrate_{i}", rows=rows, dim=dim) for i in range(max(counts))]
+    keys = [s.name for s in specs]
+    specs.append(SparseVariableSpec("calibrate_partitioned", rows=rows, dim=dim,
+                                    num_partitions=PARTITIONS))
+    ps = ParameterServer(topology)
+    if not topology.is_worker:
+        ps.serve()  # the register, the pulls and pushes, until the shutdown
+        return comm.bcast(None, root=topology.worker_ranks[0])
+    ps.register(specs)
+
+    def pull(names):
+        return lambda: ps.pull_unique_many({n: ids for n in names})
+
+    def push(names):
+        return lambda: ps.push_many({n: SparseGrad(ids, values, rows) for n in names})
+
+    def set_aggregation(enabled):
+        return lambda: [ps.set_local_aggregation(n, enabled) for n in keys]
+
+    tables = {s.name: ReplicatedTable(topology, s, "allgather") for s in specs}
+    engines = {k: DenseAllreduce(topology, {f"w{i}": ((16,), np.float32) for i in range(k)})
+               for k in counts}
+    grads = {f"w{i}": np.ones(16, np.float32) for i in range(max(counts))}
+    vector = np.zeros(REDUCE_STEP_BYTES // 8, np.float64)
+    # (operation, setup before it, call for k tables)
+    operations = [
+        ("ps_pull", set_aggregation(True), lambda k: pull(keys[:k])),
+        ("ps_push", None, lambda k: push(keys[:k])),
+        ("partitioned_pull", None, lambda k: pull(["calibrate_partitioned"])),
+        ("partitioned_push", None, lambda k: push(["calibrate_partitioned"])),
+        ("ps_pull_no_aggregation", set_aggregation(False), lambda k: pull(keys[:k])),
+        ("ps_push_no_aggregation", None, lambda k: push(keys[:k])),
+        ("allgather_push", None, lambda k: lambda: push_many(
+            {n: tables[n] for n in keys[:k]},
+            {n: SparseGrad(ids, values, rows) for n in keys[:k]})),
+        ("dense_allreduce", None, lambda k: lambda: engines[k].allreduce(
+            {f"w{i}": grads[f"w{i}"] for i in range(k)})),
+        ("control", None, lambda k: lambda: topology.workers.Allreduce(MPI.IN_PLACE, vector)),
+    ]
+    times = {(name, k): [] for name, _, _ in operations for k in counts}
+    calls = {(name, k): make(k) for name, _, make in operations for k in counts}
+    topology.workers.Barrier()
+    for repeat in range(repeats + 1):  # the first is a warm-up
+        for k in counts:
+            # one after the other as in a step (no barrier): each call pays the
+            # hand-off from the one before, with ranks arriving as they come
+            for name, setup, _ in operations:
+                if setup is not None:
+                    setup()
+                start = time.perf_counter()
+                calls[(name, k)]()
+                if repeat:
+                    times[(name, k)].append(time.perf_counter() - start)
+    def most_parts(name):
+        return int(np.bincount(np.asarray(ps.variables[name].layout.owners)).max())
+
+    extra_parts = most_parts("calibrate_partitioned") - most_parts(keys[0])
+    ps.shutdown()
+    mine = {key: float(np.median(v)) for key, v in times.items()}
+    means = topology.workers.allreduce(mine, op=_sum_dicts)
+    n = topology.workers.Get_size()
+    out = {}
+    k0, k1 = counts[0], counts[-1]
+    for name, _, _ in operations:
+        t0, t1 = means[(name, k0)] / n, means[(name, k1)] / n
+        if name.startswith("partitioned"):
+            continue
+        per = max((t1 - t0) / (k1 - k0), 0.0) if name != "control" else 0.0
+        out[name] = {"call_s": max(t0 - per * k0, 0.0), "per_variable_s": per}
+    # one table of PARTITIONS partitions against one of the default number (k0 = 1)
+    extra = [np.mean([means[(f"partitioned_{op}", k)] for k in counts]) / n
+             - means[(f"ps_{op}", k0)] / n for op in ("pull", "push")]
+    out["per_partition"] = {"call_s": max(float(np.mean(extra)) / extra_parts, 0.0)
+                            if extra_parts > 0 and k0 == 1 else 0.0, "per_variable_s": 0.0}
+    return comm.bcast(out, root=topology.worker_ranks[0])
+
+
+def _sum_dicts(a, b, _datatype=None):
+    return {key: a[key] + b[key] for key in a}

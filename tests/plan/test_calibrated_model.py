@@ -1,0 +1,237 @@
+"""The measured-constant mechanisms of the step model, against hand-computed cases:
+hand-off (scheduling), per-operation costs measured on the job's ranks, the
+``Allreduce`` fit, the calibration's thread limits and the learned correction's
+cross-validation."""
+
+import numpy as np
+import pytest
+
+from hpcpax.plan import collectives as coll
+from hpcpax.plan.calibrate import fit_relative
+from hpcpax.plan.cost_model import CostParams
+from hpcpax.plan.learned import FEATURES, fit_correction, load_correction
+from hpcpax.plan.runlog import RunLog
+from hpcpax.plan.step_model import handoff_seconds, predict_step
+from hpcpax.plan.traffic import Layout, routing_from_ids
+
+A = 1e-3  # 1 ms per message, links so fast that bytes cost nothing
+FAST = coll.Links(A, 1e18, A, 1e18)
+SOFTWARE = {"ps_pull": {"call_s": 1e-3, "per_variable_s": 2e-4},
+            "ps_push": {"call_s": 3e-3, "per_variable_s": 4e-4},
+            "ps_pull_no_aggregation": {"call_s": 5e-4, "per_variable_s": 1e-4},
+            "ps_push_no_aggregation": {"call_s": 6e-4, "per_variable_s": 1e-4},
+            "allgather_push": {"call_s": 7e-4, "per_variable_s": 1e-4},
+            "dense_allreduce": {"call_s": 2e-4, "per_variable_s": 1e-5},
+            "control": {"call_s": 3e-4, "per_variable_s": 0.0}}
+
+
+def _ps_routing(layout, aggregate=False):
+    # 2 workers, each touching rows of both partitions
+    ids = [np.array([0, 5]), np.array([1, 6])]
+    return routing_from_ids(layout, "ps", 8, 16, ids, partitions=2, local_aggregation=aggregate)
+
+
+def test_handoff_scales_server_work_only():
+    handoff = {"handoff_s": 1e-4, "handoff_per_work": 0.5}
+    assert handoff_seconds(handoff, "compute", 0.01) == 0.0
+    assert handoff_seconds(handoff, "client kernels", 0.01) == 0.0
+    assert handoff_seconds(handoff, "server CPU", 0.01) == pytest.approx(0.005)
+    assert handoff_seconds(handoff, "server CPU", 0.0) == 0.0
+    assert handoff_seconds(None, "server CPU", 0.01) == 0.0
+    # compute and data were timed with every worker busy: not scaled; one hand-off per
+    # operation: here the dense allreduce and the step's figures
+    layout = Layout.from_shape(1, 2, 0)
+    pred = predict_step(layout, FAST, CostParams(handoff=handoff), {}, dense_bytes=[64],
+                        compute_s=0.01, data_s=0.002, include_control=True)
+    assert pred.phases["compute"] == pytest.approx(0.01)
+    assert pred.phases["data"] == pytest.approx(0.002)
+    assert pred.resources["scheduling"] == pytest.approx(2e-4)
+    # a PS variable adds its pull and its push
+    ps = predict_step(layout, FAST, CostParams(handoff=handoff), {"t": _ps_routing(layout)},
+                      dense_bytes=[64], include_control=True)
+    assert ps.resources["scheduling"] == pytest.approx(4e-4)
+
+
+def test_handoff_per_work_lands_on_the_servers_apply():
+    layout = Layout.from_shape(1, 2, 1)
+    routing = _ps_routing(layout)
+    kernels = {"apply": {"call_s": 0.0, "unit_s": 1e-6}, "dedup": {"call_s": 0.0, "unit_s": 1e-6},
+               "gather": {"call_s": 0.0, "unit_s": 1e-6}}
+    flat = predict_step(layout, FAST, CostParams(kernels=kernels, handoff={
+        "handoff_s": 0.0, "handoff_per_work": 0.0}), {"t": routing}, include_control=False)
+    scaled = predict_step(layout, FAST, CostParams(kernels=kernels, handoff={
+        "handoff_s": 0.0, "handoff_per_work": 0.5}), {"t": routing}, include_control=False)
+    assert flat.resources["server CPU"] > 0
+    assert scaled.resources["scheduling"] == pytest.approx(0.5 * flat.resources["server CPU"])
+    assert scaled.seconds - flat.seconds == pytest.approx(0.5 * flat.resources["server CPU"])
+
+
+def test_operations_measured_on_the_job_hold_their_collectives_latencies():
+    """1 node, 2 workers owning the 2 partitions, no aggregation: a pull is a header
+    Allgatherv (1 round), a counts Alltoall, the ids Alltoallv and the rows back
+    (1 peer each): 4 latencies, charged with process-scope costs, not with job-scope ones."""
+    layout = Layout.from_shape(1, 2, 0)
+    routing = _ps_routing(layout)
+    process = predict_step(layout, FAST, CostParams(software=SOFTWARE), {"t": routing},
+                           dense_bytes=[64, 64], include_control=True)
+    job = predict_step(layout, FAST, CostParams(software=SOFTWARE, software_scope="job"),
+                       {"t": routing}, dense_bytes=[64, 64], include_control=True)
+    pull = 5e-4 + 1e-4  # ps_pull_no_aggregation, one variable
+    push = 6e-4 + 1e-4
+    assert job.phases["pull"] == pytest.approx(pull)
+    assert process.phases["pull"] == pytest.approx(pull + 4 * A)
+    # push: header, counts, rows (no answer)
+    assert job.phases["push"] == pytest.approx(push)
+    assert process.phases["push"] == pytest.approx(push + 3 * A)
+    # dense: one bucket of two tensors; MPICH's Allreduce of 32 floats on 2 ranks is
+    # reduce-scatter + allgather, 2 rounds (the control vector too)
+    assert job.phases["dense"] == pytest.approx(2e-4 + 2 * 1e-5)
+    assert process.phases["dense"] == pytest.approx(2e-4 + 2 * 1e-5 + 2 * A)
+    assert job.phases["control"] == pytest.approx(3e-4)
+    assert process.phases["control"] == pytest.approx(3e-4 + 2 * A)
+    assert "latency" not in job.resources
+
+
+def test_aggregating_exchange_uses_the_aggregating_operation_cost():
+    layout = Layout.from_shape(1, 2, 1)
+    params = CostParams(software=SOFTWARE, software_scope="job")
+    aggregated = predict_step(layout, FAST, params, {"t": _ps_routing(layout, True)},
+                              include_control=False)
+    direct = predict_step(layout, FAST, params, {"t": _ps_routing(layout, False)},
+                          include_control=False)
+    assert aggregated.phases["pull"] == pytest.approx(1e-3 + 2e-4)
+    assert direct.phases["pull"] == pytest.approx(5e-4 + 1e-4)
+    # without a measured no-aggregation cost both use the aggregating one
+    only = {k: v for k, v in SOFTWARE.items() if "no_aggregation" not in k}
+    fallback = predict_step(layout, FAST, CostParams(software=only, software_scope="job"),
+                            {"t": _ps_routing(layout, False)}, include_control=False)
+    assert fallback.phases["pull"] == pytest.approx(1e-3 + 2e-4)
+
+
+def test_bad_software_scope_is_refused():
+    with pytest.raises(ValueError, match="software_scope must be 'process' or 'job', not 'x'"):
+        CostParams(software_scope="x")
+
+
+def test_relative_fit_keeps_the_latency_of_small_sizes():
+    sizes = np.array([256, 64 << 10, 1 << 20, 8 << 20], np.float64)
+    latency, bandwidth = 20e-6, 2e9
+    exact = latency + sizes / bandwidth
+    assert fit_relative(sizes, exact) == pytest.approx((latency, bandwidth), rel=1e-9)
+    noisy = exact.copy()
+    noisy[-1] *= 1.05  # 5 % noise on the largest size (0.2 ms, ten times the latency)
+    got_latency, got_bandwidth = fit_relative(sizes, noisy)
+    assert got_latency == pytest.approx(latency, rel=0.1)
+    assert got_bandwidth == pytest.approx(bandwidth, rel=0.1)
+    # a negative intercept refits through the origin
+    assert fit_relative([100, 200], [2e-6, 5e-6])[0] == 0.0
+
+
+def test_one_rank_software_measurement_keeps_the_ranks_thread_limits():
+    numba = pytest.importorskip("numba")
+    from hpcpax.comm.threads import usable_cores
+    from hpcpax.ops import _numba
+    from hpcpax.plan.calibrate import measure_software
+
+    if usable_cores() < 2 or numba.config.NUMBA_NUM_THREADS < 2:
+        pytest.skip("needs 2 cores: a one-rank world would give this rank 2 threads")
+    saved = _numba._DEFAULT_THREADS
+    try:
+        _numba._DEFAULT_THREADS = 1  # as hpcpax.init sets it with 2 ranks on 2 cores
+        measure_software(counts=(1, 2), repeats=2)
+        assert _numba._DEFAULT_THREADS == 1
+    finally:
+        _numba._DEFAULT_THREADS = saved
+
+
+def _record(group, resources, measured):
+    return {"model": {"name": group}, "layout": {"workers": 2},
+            "measured": {"step_s": measured},
+            "predicted": {"seconds": sum(resources.values()), "resources": resources}}
+
+
+def _records(weight_of_group, rng, per_group=12):
+    out = []
+    for group, weight in weight_of_group.items():
+        for _ in range(per_group):
+            resources = {"software": rng.uniform(1e-3, 5e-3), "compute": rng.uniform(1e-3, 5e-3)}
+            measured = resources["compute"] + weight * resources["software"]
+            out.append(_record(group, resources, measured))
+    return out
+
+
+def test_correction_that_does_not_transfer_is_not_used(tmp_path):
+    """Group a's software costs 3x the prediction, group b's 1/3: a weight learned on one
+    group makes the other worse, so cross-validation keeps the analytic model."""
+    records = _records({"a": 3.0, "b": 1.0 / 3.0}, np.random.default_rng(0))
+    correction = fit_correction(records)
+    assert correction.validation["groups"] == 2 and correction.helps is False
+    assert correction.validation["learned_error"] >= correction.validation["analytic_error"]
+    assert correction.weights == dict.fromkeys(FEATURES, 1.0)
+    assert correction.apply(records[0]["predicted"]) == pytest.approx(
+        records[0]["predicted"]["seconds"])
+    path = str(tmp_path / "runs.sqlite")
+    for record in records:
+        RunLog(path).append(record)
+    used, why = load_correction(path)
+    assert used is None and why.startswith("not used: cross-validation over 2 groups")
+
+
+def test_correction_that_transfers_is_used():
+    records = _records({"a": 2.0, "b": 2.0, "c": 2.0}, np.random.default_rng(1))
+    correction = fit_correction(records)
+    assert correction.helps is True and correction.validation["groups"] == 3
+    assert correction.validation["learned_error"] < correction.validation["analytic_error"]
+    assert correction.weights["software"] == pytest.approx(2.0, rel=0.05)
+
+
+def test_densified_tables_use_the_fresh_buffer_allreduce():
+    """A densified table is allreduced from a buffer allocated just before: its measured
+    class prices the table and the rows mask; a reused-buffer class prices the dense
+    buckets."""
+    fabric = {"intra": {"latency_s": 1e-6, "bandwidth_Bps": 1e9},
+              "inter": {"latency_s": 1e-6, "bandwidth_Bps": 1e9},
+              "allreduce": {"latency_s": 1e-5, "bandwidth_Bps": 4e9},
+              "allreduce_fresh": {"latency_s": 2e-5, "bandwidth_Bps": 1e9}}
+    links = coll.Links.from_fabric(fabric)
+    assert links.allreduce == (1e-5, 4e9) and links.allreduce_fresh == (2e-5, 1e9)
+    assert coll.allreduce([0, 0], 4e6, links).seconds == pytest.approx(1e-5 + 1e-3)
+    assert coll.allreduce([0, 0], 4e6, links, fresh=True).seconds == pytest.approx(2e-5 + 4e-3)
+    layout = Layout.from_shape(1, 2, 0)
+    ids = [np.array([0, 5]), np.array([1, 6])]
+    routing = routing_from_ids(layout, "allreduce", 1000, 16, ids)
+    pred = predict_step(layout, links, CostParams(), {"t": routing}, include_control=False)
+    table, mask = 1000 * 16, 1000
+    assert pred.phases["push"] == pytest.approx(2 * 2e-5 + (table + mask) / 1e9)
+    # without a fresh class, the reused one
+    plain = coll.Links.from_fabric({k: v for k, v in fabric.items() if k != "allreduce_fresh"})
+    pred = predict_step(layout, plain, CostParams(), {"t": routing}, include_control=False)
+    assert pred.phases["push"] == pytest.approx(2 * 1e-5 + (table + mask) / 4e9)
+
+
+def test_compute_is_timed_cache_cold():
+    """``time_workers`` runs ``between`` (untimed) before every timed call."""
+    from types import SimpleNamespace
+
+    from mpi4py import MPI
+
+    from hpcpax.plan.calibrate import evict_caches, private_cache_bytes, time_workers
+
+    order = []
+    topo = SimpleNamespace(comm=MPI.COMM_SELF, workers=MPI.COMM_SELF, is_worker=True)
+    seconds = time_workers(topo, lambda: order.append("call"), repeats=3, warmup=1,
+                           between=lambda: order.append("evict"))
+    assert order == ["call"] + ["evict", "call"] * 3 and seconds >= 0.0
+    assert private_cache_bytes() >= 1 << 15
+    evict_caches(1 << 16)  # runs
+
+
+def test_job_scope_operations_hold_the_per_operation_handoff():
+    """Operations timed one after the other hold their hand-offs: only the server work's
+    per-work share is added then."""
+    layout = Layout.from_shape(1, 2, 0)
+    handoff = {"handoff_s": 1e-4, "handoff_per_work": 0.5}
+    job = predict_step(layout, FAST, CostParams(handoff=handoff, software=SOFTWARE,
+                                                software_scope="job"),
+                       {"t": _ps_routing(layout)}, dense_bytes=[64], include_control=True)
+    assert "scheduling" not in job.resources

@@ -1,0 +1,27 @@
+"""hpcpax's per-operation costs, measured on the job's own ranks (servers serving)."""
+
+import pytest
+from mpi4py import MPI
+
+import hpcpax
+from hpcpax.plan.operation_costs import measure_operations
+
+OPERATIONS = {"ps_pull", "ps_push", "ps_pull_no_aggregation", "ps_push_no_aggregation",
+              "allgather_push", "dense_allreduce", "control", "per_partition"}
+
+
+@pytest.mark.mpi(min_size=3)
+@pytest.mark.timeout(180)
+def test_operations_measured_on_the_job_agree_on_every_rank(comm):
+    topo = hpcpax.init(None, 1, comm=comm)  # one server: it serves the PS operations
+    try:
+        costs = measure_operations(topo, counts=(1, 3), repeats=3)
+    finally:
+        topo.free()
+    ok = set(costs) == OPERATIONS and all(
+        entry["call_s"] >= 0.0 and entry["per_variable_s"] >= 0.0 for entry in costs.values())
+    # a batched PS pull crosses ranks: it costs more than nothing
+    ok = ok and costs["ps_pull"]["call_s"] + costs["ps_pull"]["per_variable_s"] > 0.0
+    ok = ok and costs["control"]["per_variable_s"] == 0.0
+    same = comm.allgather(costs) == [costs] * comm.Get_size()
+    assert comm.allreduce(ok and same, op=MPI.LAND)
