@@ -24,14 +24,15 @@ import time
 
 import numpy as np
 
-__all__ = ["KERNELS", "measure_kernel_rates"]
+__all__ = ["KERNELS", "measure_kernel_rates", "median_seconds"]
 
 KERNELS = ("unique", "dedup", "gather", "apply", "dense_optimizer")
 _SIZES = (256, 8192)
 _CACHE = {}
 
 
-def _best(call, repeats):
+def median_seconds(call, repeats) -> float:
+    """The median wall seconds of ``repeats`` calls of ``call()`` (local)."""
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
@@ -85,7 +86,7 @@ def measure_kernel_rates(dim: int = 64, dtype: str = "float32", sparse_optimizer
         }
         for name, (call, units) in calls.items():
             call()  # warm up (and compile)
-            out[name].append((units, _best(call, repeats)))
+            out[name].append((units, median_seconds(call, repeats)))
     rates = {name: _fit(*zip(*points)) for name, points in out.items()}
     if cache:
         _CACHE[key] = rates

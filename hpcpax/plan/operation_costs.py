@@ -14,6 +14,8 @@ import time
 
 import numpy as np
 
+from .kernel_rates import median_seconds
+
 __all__ = ["measure_operations", "measure_software"]
 
 #: partitions of the table whose extra cost per partition is measured
@@ -48,13 +50,8 @@ def _restore_thread_limits(saved):
 
 
 def _per_op(call, repeats):
-    call()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        call()
-        times.append(time.perf_counter() - start)
-    return float(np.median(times))
+    call()  # warm-up
+    return median_seconds(call, repeats)
 
 
 def measure_software(counts=(1, 8), repeats: int = 30, dim: int = 16) -> dict:
