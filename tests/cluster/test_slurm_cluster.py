@@ -85,7 +85,9 @@ def _job(job_id):
     return dict(w.split("=", 1) for w in line.split() if "=" in w)
 
 
-PMI_GARBLED = "mpi/pmi2: value not properly terminated in client request"
+#: What a failed PMI wire-up in MPI_Init leaves in a job's output.
+PMI_GARBLED = ("mpi/pmi2: value not properly terminated in client request",
+               "MPIDI_UCX_comm_addr_exchange")
 
 
 def _output(tmp, nodes) -> str:
@@ -132,23 +134,24 @@ def jobs(slurm_cluster, tmp_path_factory):
     script = _render(tmp)
     before = link_counters(slurm_cluster)
     submitted = {nodes: _submit(tmp, script, nodes) for nodes in (2, 3)}
-    states = _wait(submitted, time.monotonic() + 150)
+    states = _wait(submitted, time.monotonic() + 200)
     # MPICH's PMI-1 client over Slurm's pmi2 plugin can garble a long wire-up value
     # in MPI_Init ("mpi/pmi2: value not properly terminated in client request"); in
     # our runs it depended on the exact size of the environment (any variable added
     # made it pass). That is not hpcpax: such a job is submitted once more, with one
     # more variable, and the retry must complete.
     retry = {n: _submit(tmp, script, n, attempt=2) for n, f in states.items()
-             if f.get("JobState") != "COMPLETED" and PMI_GARBLED in _output(tmp, n)}
+             if f.get("JobState") != "COMPLETED"
+             and any(marker in _output(tmp, n) for marker in PMI_GARBLED)}
     if retry:
         submitted.update(retry)
-        states.update(_wait(retry, time.monotonic() + 90))
+        states.update(_wait(retry, time.monotonic() + 150))
     after = link_counters(slurm_cluster)
     moved = {n: after[n]["sent"] - before[n]["sent"] for n in slurm_cluster.node_names}
     return {"states": states, "submitted": submitted, "moved": moved, "tmp": tmp}
 
 
-@pytest.mark.timeout(260)
+@pytest.mark.timeout(420)
 @pytest.mark.parametrize("nodes", [2, 3])
 def test_multi_node_job_completes_across_the_emulated_nodes(jobs, nodes):
     job_id, run_dir = jobs["submitted"][nodes]
