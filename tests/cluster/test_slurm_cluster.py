@@ -148,8 +148,8 @@ def jobs(slurm_cluster, tmp_path_factory):
     # job is submitted again with a padding variable of another length (twice at
     # most); if MPI still cannot start, the test skips naming the fault.
     for attempt in (2, 3):
-        retry = {n: _submit(tmp, script, n, attempt=attempt) for n, f in states.items()
-                 if f.get("JobState") != "COMPLETED" and _pmi_garbled(tmp, n)}
+        retry = {n: _submit(tmp, script, n, attempt=attempt) for n in submitted
+                 if states.get(n, {}).get("JobState") != "COMPLETED" and _pmi_garbled(tmp, n)}
         if not retry:
             break
         submitted.update(retry)
@@ -166,10 +166,10 @@ def test_multi_node_job_completes_across_the_emulated_nodes(jobs, nodes):
     output = (jobs["tmp"] / f"slurm-{nodes}.out")
     output = output.read_text(errors="replace") if output.exists() else ""
     fields = jobs["states"].get(nodes)
-    assert fields, f"job {job_id} (-N {nodes}) did not finish in time: {output[-3000:]}"
-    if fields["JobState"] != "COMPLETED" and _pmi_garbled(jobs["tmp"], nodes):
+    if (not fields or fields["JobState"] != "COMPLETED") and _pmi_garbled(jobs["tmp"], nodes):
         pytest.skip("MPI_Init failed in the PMI wire-up on 3 attempts (mpich wheel PMI-1 "
                     "client under Slurm's pmi2 plugin; README: A multi-node cluster)")
+    assert fields, f"job {job_id} (-N {nodes}) did not finish in time: {output[-3000:]}"
     assert fields["JobState"] == "COMPLETED" and fields["ExitCode"] == "0:0", \
         (fields["JobState"], fields["ExitCode"], output[-3000:])
     assert f"on {nodes} nodes" in output
