@@ -115,9 +115,10 @@ FLAGS = (
          "its compute time every step (tests, benchmarks)"),
     Flag("stalls", "str", None, "P:FACTOR: every worker sleeps (FACTOR - 1) x its compute time "
          "on a random fraction P of its steps (tests, benchmarks)"),
-    Flag("batch_shares", "str", None, "bsp: each worker's share of the global batch, 'A,B,...' "
-         "(fixed) or 'speed' (balanced BSP: shares that make the workers finish together, "
-         "re-agreed every --rebalance-every steps); global batch and gradient stay BSP's"),
+    Flag("batch_shares", "str", None, "each worker's share of the global batch, 'A,B,...' "
+         "(fixed; also under ssp/asp/psp) or 'speed' (bsp only: balanced BSP, shares that "
+         "make the workers finish together, re-agreed every --rebalance-every steps); "
+         "global batch and gradient stay BSP's"),
     Flag("rebalance_every", "int", 20, "batch_shares speed: steps between re-evaluations",
          minimum=1),
     Flag("trace", "str", None, "write a per-rank timeline to this file (Chrome/Perfetto "
@@ -337,10 +338,14 @@ def _check_consistency(config):
                           "every step by the allreduce")
     if not relaxed:
         return
-    for key in ("partition_search", "replan_every", "batch_shares"):
+    for key in ("partition_search", "replan_every"):
         if config[key]:
             raise ConfigError(f"{key} needs consistency bsp, not {config['consistency']!r} "
                               "(relaxed models keep the plan fixed)")
+    if config["batch_shares"] == "speed":  # fixed shares: each worker's samples, weighted
+        raise ConfigError(f"batch_shares speed needs consistency bsp or auto, not "
+                          f"{config['consistency']!r} (under a relaxed model only fixed "
+                          "shares 'A,B,...' apply)")
 
 
 def model_kwargs(config: dict) -> dict:

@@ -17,14 +17,21 @@ The rules (constants below), first match wins. From ``bsp``/``balanced``:
 1. *lockstep*: the workers spend >= ``WAIT_TRIAL`` of a step outside their
    own work (in the collectives: transfers and waiting for each other)
    beyond what a slower worker explains (``persistent_imbalance``, what
-   balancing could save) -> a *trial* of ``ssp:TRIAL_STALENESS``, whose
-   message-driven steps do not wait in lockstep; whether that pays is
-   measured, not predicted (rule 5);
+   balancing could save) -> a *trial* of ``ssp:S``, whose message-driven
+   steps do not wait in lockstep; ``S`` is ``TRIAL_STALENESS``, or the
+   stall lengths' (rule 3) when transient stalls are seen too; the trial
+   keeps the batch shares in force (those of rule 2 when it proposes new
+   ones); whether it pays is measured, not predicted (rule 5);
 2. *persistent slowness*: the slowest worker's typical (median) seconds
    per sample are >= ``PERSISTENT_RATIO`` x the fastest's, in this segment
-   and the one before (the same worker; once ``balanced``, this segment
-   suffices), and shares proportional to speed save >= ``MIN_GAIN`` of the
-   step -> ``balanced`` with those shares;
+   and the one before (the same worker; once the shares are balanced, this
+   segment suffices), and shares proportional to speed save >= ``MIN_GAIN``
+   of the step -> ``balanced`` with those shares. The shares are
+   proportional to each worker's speed: its seconds per sample, the median
+   over the last ``HISTORY`` segments of the same family (lockstep or
+   relaxed: contention differs), so the noise of one segment does not move
+   samples around (a line fit ``fixed + share x seconds`` over shares that
+   differ little extrapolated wildly on a noisy node);
 3. ``balanced`` but no worker persistently slower any more -> ``bsp``;
    from ``bsp``, *transient stalls*: >= ``MIN_STALL_FRACTION`` of the
    worker-steps took >= ``STALL_FACTOR`` x the worker's typical time, and
@@ -39,12 +46,16 @@ From ``ssp:S`` (a relaxed segment):
    trajectory -> back; or the segment was not faster than the last BSP
    segment (a trial: not ``MIN_GAIN`` faster) -> back (``bsp``, or the
    ``balanced`` shares a trial came from);
-6. a trial that paid stays, at its ``S`` (stall lengths measured on an
+6. a worker persistently slower (rule 2): bounded staleness cannot absorb
+   persistent slowness (the fast workers reach the bound and wait), shares
+   can -> ``ssp:S`` with shares proportional to speed (the relaxed steps
+   read each worker's share of the global batch and weight its gradient by
+   it, as balanced BSP does); balanced shares but no worker persistently
+   slower any more -> even shares;
+7. a trial that paid stays, at its ``S`` (stall lengths measured on an
    oversubscribed or noisy node vary from segment to segment; each change of
    ``S`` is a phase boundary);
-7. a worker persistently slower (rule 2) -> ``balanced`` (bounded
-   staleness cannot absorb persistent slowness);
-8. no stalls seen any more -> ``bsp``;
+8. no stalls seen any more -> ``bsp`` (``balanced`` with balanced shares);
 9. else ``S`` follows the measured stall lengths.
 
 After a step back under rule 5 no relaxed mode is tried (rules 1 and 3) for
@@ -58,12 +69,12 @@ import math
 
 import numpy as np
 
-from .shares import balanced_shares, even_shares, relative_gain
+from .shares import balanced_shares, even_shares, relative_gain, step_work
 
 __all__ = ["analyze", "loss_figures", "guard", "AutoPolicy", "PERSISTENT_RATIO",
            "STALL_FACTOR", "MIN_STALL_FRACTION", "MIN_GAIN", "MAX_STALENESS",
            "GUARD_RISE", "GUARD_RATE", "COOLDOWN", "WAIT_TRIAL",
-           "TRIAL_STALENESS"]
+           "TRIAL_STALENESS", "HISTORY"]
 
 PERSISTENT_RATIO = 1.25  # slowest worker's typical seconds per sample / the fastest's
 STALL_FACTOR = 2.0       # a worker-step this many times its typical work is a stall
@@ -75,6 +86,7 @@ GUARD_RATE = 0.25        # ... or progress below this fraction of BSP's rate: a 
 COOLDOWN = 3             # segments without relaxed trials after a failed one
 WAIT_TRIAL = 0.5         # share of a step outside own work that makes auto try ssp
 TRIAL_STALENESS = 2      # the staleness of that trial
+HISTORY = 6              # segments whose speeds the shares come from (newest)
 
 
 def analyze(work, batch, seconds) -> dict:
@@ -210,13 +222,20 @@ class AutoPolicy:
         self.bsp_rate = None
         #: ``[mode, shares]`` a lockstep trial (rule 1) came from, None otherwise.
         self.trial = None
+        #: ``[family, shares, each worker's median work seconds per step]`` of the
+        #: last segments (``family``: ``lockstep`` or ``relaxed``), for the speeds.
+        self.observed = []
         #: Every decision that changed something (JSON-able dicts).
         self.history = []
 
     @property
     def consistency(self) -> str:
-        """The mode in force, as ``bsp``, ``balanced`` or ``ssp:S``."""
-        return f"ssp:{self.staleness}" if self.mode == "ssp" else self.mode
+        """The mode in force: ``bsp``, ``balanced``, ``ssp:S`` or ``ssp:S+balanced``
+        (batch shares proportional to speed under ``ssp:S``)."""
+        if self.mode != "ssp":
+            return self.mode
+        even = self.shares == even_shares(self.global_batch, self.workers)
+        return f"ssp:{self.staleness}" + ("" if even else "+balanced")
 
     # -------------------------------------------------------------- decide
     def decide(self, step, work, batch, seconds, losses, steps, samples_per_s) -> dict | None:
@@ -231,6 +250,10 @@ class AutoPolicy:
         figures = analyze(work, batch, seconds)
         loss = loss_figures(steps, losses)
         self.segments += 1
+        family = "relaxed" if self.mode == "ssp" else "lockstep"
+        seen = [family, [int(x) for x in np.median(np.asarray(batch), axis=0)],
+                [float(x) for x in np.median(np.asarray(work), axis=0)]]
+        self.observed = [o for o in self.observed if o[0] == family][-(HISTORY - 1):] + [seen]
         if self.mode == "ssp":
             change = self._from_relaxed(figures, loss, samples_per_s)
         else:
@@ -241,14 +264,14 @@ class AutoPolicy:
             self.segment = min(self.max_segment, 2 * self.segment)
             return None
         mode, staleness, shares, reason = change
-        decision = {"step": int(step), "from": self.consistency,
-                    "to": f"ssp:{staleness}" if mode == "ssp" else mode,
+        before = self.consistency
+        self.mode, self.staleness, self.shares = mode, staleness, list(shares)
+        decision = {"step": int(step), "from": before, "to": self.consistency,
                     "shares": list(shares), "reason": reason,
                     "measurements": {**{k: v for k, v in figures.items() if k != "stall_steps"},
                                      "stalls": len(figures["stall_steps"]),
                                      "samples_per_s": float(samples_per_s),
                                      "bsp_samples_per_s": self.bsp_rate, "loss": loss}}
-        self.mode, self.staleness, self.shares = mode, staleness, list(shares)
         self.segment = self.base_segment
         self.history.append(decision)
         return decision
@@ -265,14 +288,17 @@ class AutoPolicy:
         times = figures["per_sample"]
         slow, seen = int(np.argmax(times)), self.slow_worker
         self.slow_worker = slow if figures["persistent_ratio"] >= PERSISTENT_RATIO else None
-        if self.slow_worker is None or (self.mode != "balanced" and seen != slow):
+        current = list(self.shares)  # even under bsp
+        balanced_now = current != even_shares(self.global_batch, self.workers)
+        if self.slow_worker is None or (not balanced_now and seen != slow):
             return None  # slower in one segment only: not yet persistent
-        proposed = balanced_shares(times, self.global_batch)
-        current = self.shares if self.mode == "balanced" else even_shares(self.global_batch,
-                                                                          self.workers)
-        work = max(s * t for s, t in zip(current, times))
-        gain = relative_gain(current, proposed, times) * work / max(figures["step_seconds"],
-                                                                    1e-12)
+        # each worker's seconds per sample, the median over the last segments' medians
+        per_sample = [float(np.median([o[2][w] / max(o[1][w], 1) for o in self.observed]))
+                      for w in range(self.workers)]
+        proposed = balanced_shares(per_sample, self.global_batch)
+        work = step_work(current, per_sample)
+        gain = relative_gain(current, proposed, per_sample) * work / max(
+            figures["step_seconds"], 1e-12)
         if proposed == current or gain < MIN_GAIN:
             return None
         return proposed, (f"persistent: worker {slow} takes {figures['persistent_ratio']:.2f} x "
@@ -297,11 +323,15 @@ class AutoPolicy:
     def _from_bsp(self, figures):
         if self._lockstep(figures):
             self.trial = [self.mode, list(self.shares)]
-            self._persistent(figures)  # keeps track of the slowest worker
-            return "ssp", TRIAL_STALENESS, even_shares(self.global_batch, self.workers), (
+            balanced = self._persistent(figures)  # also keeps track of the slowest worker
+            shares = balanced[0] if balanced is not None else list(self.shares)
+            staleness = TRIAL_STALENESS
+            if self._stalls(figures):
+                staleness = max(staleness, self._staleness(figures))
+            return "ssp", staleness, shares, (
                 f"lockstep: the workers spend {100 * figures['wait_fraction']:.0f} % of a step "
                 f"outside their own work ({100 * figures['persistent_imbalance']:.0f} % "
-                f"explained by a slower worker); trying ssp:{TRIAL_STALENESS} (kept if >= "
+                f"explained by a slower worker); trying ssp:{staleness} (kept if >= "
                 f"{100 * MIN_GAIN:.0f} % faster)")
         balanced = self._persistent(figures)
         if balanced is not None:
@@ -336,18 +366,24 @@ class AutoPolicy:
         if self.bsp_rate is not None and samples_per_s < needed * self.bsp_rate:
             return self._back(f"ssp:{self.staleness} ran {samples_per_s:,.0f} samples/s, "
                               f"bsp {self.bsp_rate:,.0f}: no gain")
-        if self.trial is None:
-            balanced = self._persistent(figures)
-            if balanced is not None:
-                return ("balanced", 0) + balanced
-            if figures["stall_fraction"] < MIN_STALL_FRACTION:
-                return "bsp", 0, even, "stalls gone"
-        else:
+        balanced = self._persistent(figures)
+        if balanced is not None:  # rule 6
+            shares, reason = balanced
+            return "ssp", self.staleness, shares, reason + f" (under ssp:{self.staleness})"
+        if self.shares != even and figures["persistent_ratio"] < PERSISTENT_RATIO:
+            return "ssp", self.staleness, even, (
+                f"no worker persistently slower any more (ratio "
+                f"{figures['persistent_ratio']:.2f}): even shares")
+        if self.trial is not None:
             return None  # a trial that paid stays, at its staleness
+        if figures["stall_fraction"] < MIN_STALL_FRACTION:
+            if self.shares != even:
+                return "balanced", 0, list(self.shares), "stalls gone: balanced BSP"
+            return "bsp", 0, even, "stalls gone"
         staleness = self._staleness(figures)
         if staleness != self.staleness:
-            return "ssp", staleness, even, (f"stall lengths now: 90 % last <= {staleness} "
-                                            "step(s)")
+            return "ssp", staleness, list(self.shares), (
+                f"stall lengths now: 90 % last <= {staleness} step(s)")
         return None
 
     # ---------------------------------------------------------- checkpoint
@@ -355,7 +391,7 @@ class AutoPolicy:
         """JSON-able state (checkpoint metadata)."""
         keys = ("mode", "staleness", "shares", "segment", "segments", "cooldown_until",
                 "failures", "slow_worker", "bsp_loss", "previous_loss", "bsp_rate", "trial",
-                "history")
+                "observed", "history")
         return {k: getattr(self, k) for k in keys}
 
     def load(self, state) -> None:

@@ -13,7 +13,7 @@ from mpi4py import MPI
 
 from hpcpax.app.trainer import Trainer
 from hpcpax.errors import ConfigError
-from trainer_runs import close, run_trainer, shared_dir
+from trainer_runs import close, first_worker, run_trainer, shared_dir
 
 TINY = {
     "model": "lm", "vocab_size": 300, "context": 3, "emb_dim": 8, "hidden": [16],
@@ -46,6 +46,24 @@ def test_forced_shares_equal_plain_bsp(comm, tmp_path, plan):
     # and not by accident: a different global batch (other samples) trains differently
     other = run(comm, run_dir=shared_dir(comm, tmp_path, "other"), seed=7, **config)
     ok = ok and not np.allclose(other.losses, plain.losses, rtol=1e-6)
+    assert comm.allreduce(bool(ok), op=MPI.LAND)
+
+
+@pytest.mark.mpi(min_size=3)
+@pytest.mark.timeout(180)
+def test_forced_shares_under_ssp0_equal_plain_bsp(comm, tmp_path):
+    """Fixed shares under a relaxed model (the relaxed PS on a server rank): each
+    worker reads its share and its gradient is weighted by it, so ``ssp:0`` (BSP's
+    updates) with uneven shares gives plain BSP's parameters (float64 round-off)."""
+    config = {"steps": 6, "plan": "ps", "servers_per_node": 1, "ranks_per_node": None}
+    plain = run(comm, run_dir=shared_dir(comm, tmp_path, "plain"), **config)
+    shares = SHARES[comm.Get_size() - 1]
+    relaxed = run(comm, run_dir=shared_dir(comm, tmp_path, "ssp0"), batch_shares=shares,
+                  consistency="ssp:0", **config)
+    ok = (relaxed.topology.is_server
+          or relaxed.balance.shares == [int(s) for s in shares.split(",")])
+    ok = ok and close(first_worker(comm, relaxed, relaxed.parameters),
+                      first_worker(comm, plain, plain.parameters))
     assert comm.allreduce(bool(ok), op=MPI.LAND)
 
 
@@ -82,7 +100,7 @@ def test_speed_shares_follow_a_straggler(comm, tmp_path):
 def test_bad_shares_are_refused(comm, tmp_path):
     with pytest.raises(ConfigError, match="batch_shares must be"):
         Trainer({**TINY, "batch_shares": "4,x"}, comm=comm)
-    with pytest.raises(ConfigError, match="batch_shares needs consistency bsp"):
+    with pytest.raises(ConfigError, match="batch_shares speed needs consistency bsp"):
         Trainer({**TINY, "batch_shares": "speed", "consistency": "ssp:2"}, comm=comm)
     with pytest.raises(ConfigError, match="batch_shares and consistency auto exclude"):
         Trainer({**TINY, "batch_shares": "speed", "consistency": "auto"}, comm=comm)

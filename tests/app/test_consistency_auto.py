@@ -132,3 +132,46 @@ def test_resume_keeps_the_controller_state(comm, tmp_path, monkeypatch):
     ok = ok and close(leader_value(comm, resumed, resumed.parameters),
                       leader_value(comm, plain, plain.parameters))
     assert comm.allreduce(bool(ok), op=MPI.LAND)
+
+
+@pytest.mark.mpi(min_size=3)
+@pytest.mark.timeout(240)
+def test_ssp0_with_balanced_shares_keeps_bsp_parameters(comm, tmp_path, monkeypatch):
+    """Scripted bsp -> ssp:0 with uneven shares (the relaxed steps read each worker's
+    share and weight its gradient by it) -> balanced BSP with those shares: the same
+    global batches and mean gradients, so plain BSP's parameters (float64 round-off)."""
+    workers = comm.Get_size() - 1
+    forced = [12 - 2 * (workers - 1)] + [2] * (workers - 1)
+    script = iter([("ssp", 0), ("balanced", 0), None, None, None])
+    seen = []  # (step, this worker's samples) of the relaxed steps
+
+    def hook(trainer, step):
+        if trainer.relaxed.policy.mode == "ssp":
+            seen.append((step, trainer.relaxed.relaxed_run.records[-1]["batch"]))
+
+    def scripted(self, step, work, batch, seconds, losses, steps, samples_per_s):
+        self.segments += 1
+        change = next(script)
+        if change is None:
+            return None
+        before = self.consistency
+        self.mode, self.staleness = change
+        self.shares = list(forced)
+        decision = {"step": step, "from": before, "to": self.consistency,
+                    "shares": list(forced), "reason": "scripted", "measurements": {}}
+        self.history.append(decision)
+        return decision
+
+    monkeypatch.setattr(adaptive.AutoPolicy, "decide", scripted)
+    config = {"steps": 12, "auto_segment": 4}
+    auto = Trainer({**TINY, **config, "run_dir": shared_dir(comm, tmp_path, "auto"),
+                    "consistency": "auto"}, comm=comm, collect=True, hooks=[hook])
+    auto.run()
+    plain = run(comm, run_dir=shared_dir(comm, tmp_path, "plain"), **config)
+    ok = close(leader_value(comm, auto, auto.parameters),
+               leader_value(comm, plain, plain.parameters))
+    history = leader_value(comm, auto, auto.relaxed.policy.history)
+    ok = ok and [h["to"] for h in history] == ["ssp:0+balanced", "balanced"]
+    if not auto.topology.is_server:  # the relaxed steps 5..8 read the forced share
+        ok = ok and seen == [(s, forced[auto.topology.worker_index]) for s in range(5, 9)]
+    assert comm.allreduce(bool(ok), op=MPI.LAND), (history, seen)
