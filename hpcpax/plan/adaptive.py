@@ -32,7 +32,9 @@ The rules (constants below), first match wins. From ``bsp``/``balanced``:
    relaxed: contention differs), so the noise of one segment does not move
    samples around (a line fit ``fixed + share x seconds`` over shares that
    differ little extrapolated wildly on a noisy node);
-3. ``balanced`` but no worker persistently slower any more -> ``bsp``;
+3. ``balanced`` but no worker persistently slower any more (the ratio of
+   rule 2 below ``PERSISTENT_EXIT``: a hysteresis, so a ratio hovering
+   near ``PERSISTENT_RATIO`` does not flip the shares) -> ``bsp``;
    from ``bsp``, *transient stalls*: >= ``MIN_STALL_FRACTION`` of the
    worker-steps took >= ``STALL_FACTOR`` x the worker's typical time, and
    the waiting they cause at the barriers is >= ``MIN_GAIN`` of the step ->
@@ -72,11 +74,13 @@ import numpy as np
 from .shares import balanced_shares, even_shares, relative_gain, step_work
 
 __all__ = ["analyze", "loss_figures", "guard", "AutoPolicy", "PERSISTENT_RATIO",
+           "PERSISTENT_EXIT",
            "STALL_FACTOR", "MIN_STALL_FRACTION", "MIN_GAIN", "MAX_STALENESS",
            "GUARD_RISE", "GUARD_RATE", "COOLDOWN", "WAIT_TRIAL",
            "TRIAL_STALENESS", "HISTORY"]
 
 PERSISTENT_RATIO = 1.25  # slowest worker's typical seconds per sample / the fastest's
+PERSISTENT_EXIT = 1.1    # ... below which balanced shares go back to even (hysteresis)
 STALL_FACTOR = 2.0       # a worker-step this many times its typical work is a stall
 MIN_STALL_FRACTION = 0.01
 MIN_GAIN = 0.05          # fraction of the step a change must save (predicted or measured)
@@ -287,9 +291,10 @@ class AutoPolicy:
         """``(shares, reason)`` when balancing pays (rule 2), else None."""
         times = figures["per_sample"]
         slow, seen = int(np.argmax(times)), self.slow_worker
-        self.slow_worker = slow if figures["persistent_ratio"] >= PERSISTENT_RATIO else None
         current = list(self.shares)  # even under bsp
         balanced_now = current != even_shares(self.global_batch, self.workers)
+        threshold = PERSISTENT_EXIT if balanced_now else PERSISTENT_RATIO
+        self.slow_worker = slow if figures["persistent_ratio"] >= threshold else None
         if self.slow_worker is None or (not balanced_now and seen != slow):
             return None  # slower in one segment only: not yet persistent
         # each worker's seconds per sample, the median over the last segments' medians
@@ -337,7 +342,7 @@ class AutoPolicy:
         if balanced is not None:
             return ("balanced",) + (0,) + balanced
         even = even_shares(self.global_batch, self.workers)
-        if self.mode == "balanced" and figures["persistent_ratio"] < PERSISTENT_RATIO:
+        if self.mode == "balanced" and figures["persistent_ratio"] < PERSISTENT_EXIT:
             return "bsp", 0, even, (f"no worker persistently slower any more (ratio "
                                     f"{figures['persistent_ratio']:.2f}): even shares")
         if self.mode == "balanced" or self._cooling():
@@ -370,7 +375,7 @@ class AutoPolicy:
         if balanced is not None:  # rule 6
             shares, reason = balanced
             return "ssp", self.staleness, shares, reason + f" (under ssp:{self.staleness})"
-        if self.shares != even and figures["persistent_ratio"] < PERSISTENT_RATIO:
+        if self.shares != even and figures["persistent_ratio"] < PERSISTENT_EXIT:
             return "ssp", self.staleness, even, (
                 f"no worker persistently slower any more (ratio "
                 f"{figures['persistent_ratio']:.2f}): even shares")

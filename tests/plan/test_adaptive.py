@@ -3,7 +3,8 @@
 import numpy as np
 import pytest
 
-from hpcpax.plan.adaptive import (COOLDOWN, MAX_STALENESS, TRIAL_STALENESS, WAIT_TRIAL,
+from hpcpax.plan.adaptive import (COOLDOWN, MAX_STALENESS, PERSISTENT_EXIT,
+                                  PERSISTENT_RATIO, TRIAL_STALENESS, WAIT_TRIAL,
                                   AutoPolicy, analyze,
                                   guard, loss_figures)
 
@@ -235,8 +236,13 @@ def test_persistent_straggler_under_ssp_gets_balanced_shares_and_loses_them():
     decision = decide(policy, 120, trace(seed=2, **slow), rate=fast)
     assert decision["to"] == f"ssp:{TRIAL_STALENESS}+balanced" and policy.shares == [5, 5, 2]
     assert "worker 2" in decision["reason"] and policy.mode == "ssp"
-    # the same slowness keeps the shares; the straggler gone -> even shares, still ssp
+    # the same slowness keeps the shares, and so does a ratio between PERSISTENT_EXIT and
+    # PERSISTENT_RATIO (hysteresis); the straggler gone -> even shares, still ssp
     assert decide(policy, 160, trace(shares=(5, 5, 2), seed=3, **slow), rate=fast) is None
+    hovering = trace(per_sample=(1e-3, 1e-3, 1.2e-3), shares=(5, 5, 2), seed=6)
+    assert PERSISTENT_EXIT < analyze(*hovering)["persistent_ratio"] < PERSISTENT_RATIO
+    kept = decide(policy, 180, hovering, rate=fast)
+    assert kept is None or kept["to"].endswith("+balanced"), kept
     back = decide(policy, 200, trace(shares=(5, 5, 2), seed=4), rate=fast)
     assert back["to"] == f"ssp:{TRIAL_STALENESS}" and policy.shares == [4, 4, 4]
     # a trial that stops paying goes back to where it came from: bsp, even shares
