@@ -41,6 +41,10 @@ def main():
             runs[m].append(out["samples_per_s_train"])
     if comm.Get_rank() == 0:
         print(json.dumps({"benchmark": "ssp_shares_ceiling", "steps": args.steps,
+                          "rounds": args.rounds, "straggler": "rank 3 x2",
+                          "layout": "1 parameter server + 3 workers on one node",
+                          "model": base,  # the plan: base["plan"] (ps) for every run
+                          "modes": {m: S.MODES.get(m, {"consistency": m}) for m in modes},
                           "samples_per_s_train": runs,
                           "ratio_vs_asp": {m: [a / b for a, b in zip(runs[m], runs["asp"])]
                                            for m in modes[1:]},

@@ -238,8 +238,12 @@ class AutoPolicy:
         (batch shares proportional to speed under ``ssp:S``)."""
         if self.mode != "ssp":
             return self.mode
-        even = self.shares == even_shares(self.global_batch, self.workers)
-        return f"ssp:{self.staleness}" + ("" if even else "+balanced")
+        return f"ssp:{self.staleness}" + ("+balanced" if self.uneven else "")
+
+    @property
+    def uneven(self) -> bool:
+        """Whether balanced (uneven) batch shares are in force, under BSP or ``ssp``."""
+        return self.shares != even_shares(self.global_batch, self.workers)
 
     # -------------------------------------------------------------- decide
     def decide(self, step, work, batch, seconds, losses, steps, samples_per_s) -> dict | None:
@@ -291,20 +295,18 @@ class AutoPolicy:
         """``(shares, reason)`` when balancing pays (rule 2), else None."""
         times = figures["per_sample"]
         slow, seen = int(np.argmax(times)), self.slow_worker
-        current = list(self.shares)  # even under bsp
-        balanced_now = current != even_shares(self.global_batch, self.workers)
-        threshold = PERSISTENT_EXIT if balanced_now else PERSISTENT_RATIO
+        threshold = PERSISTENT_EXIT if self.uneven else PERSISTENT_RATIO
         self.slow_worker = slow if figures["persistent_ratio"] >= threshold else None
-        if self.slow_worker is None or (not balanced_now and seen != slow):
+        if self.slow_worker is None or (not self.uneven and seen != slow):
             return None  # slower in one segment only: not yet persistent
         # each worker's seconds per sample, the median over the last segments' medians
         per_sample = [float(np.median([o[2][w] / max(o[1][w], 1) for o in self.observed]))
                       for w in range(self.workers)]
         proposed = balanced_shares(per_sample, self.global_batch)
-        work = step_work(current, per_sample)
-        gain = relative_gain(current, proposed, per_sample) * work / max(
+        work = step_work(self.shares, per_sample)
+        gain = relative_gain(self.shares, proposed, per_sample) * work / max(
             figures["step_seconds"], 1e-12)
-        if proposed == current or gain < MIN_GAIN:
+        if proposed == self.shares or gain < MIN_GAIN:
             return None
         return proposed, (f"persistent: worker {slow} takes {figures['persistent_ratio']:.2f} x "
                           f"the fastest's time per sample; shares {proposed} save "
@@ -375,14 +377,14 @@ class AutoPolicy:
         if balanced is not None:  # rule 6
             shares, reason = balanced
             return "ssp", self.staleness, shares, reason + f" (under ssp:{self.staleness})"
-        if self.shares != even and figures["persistent_ratio"] < PERSISTENT_EXIT:
+        if self.uneven and figures["persistent_ratio"] < PERSISTENT_EXIT:
             return "ssp", self.staleness, even, (
                 f"no worker persistently slower any more (ratio "
                 f"{figures['persistent_ratio']:.2f}): even shares")
         if self.trial is not None:
             return None  # a trial that paid stays, at its staleness
         if figures["stall_fraction"] < MIN_STALL_FRACTION:
-            if self.shares != even:
+            if self.uneven:
                 return "balanced", 0, list(self.shares), "stalls gone: balanced BSP"
             return "bsp", 0, even, "stalls gone"
         staleness = self._staleness(figures)
