@@ -6,11 +6,13 @@ tiny float64 model.
 
 import json
 import os
+import signal
 
 import numpy as np
 import pytest
 from mpi4py import MPI
 
+from hpcpax.app.auto_channel import LEAD
 from hpcpax.app.checkpoint import latest, read_meta
 from hpcpax.app.trainer import Trainer
 from hpcpax.plan import adaptive
@@ -139,7 +141,9 @@ def test_resume_keeps_the_controller_state(comm, tmp_path, monkeypatch):
 def test_ssp0_with_balanced_shares_keeps_bsp_parameters(comm, tmp_path, monkeypatch):
     """Scripted bsp -> ssp:0 with uneven shares (the relaxed steps read each worker's
     share and weight its gradient by it) -> balanced BSP with those shares: the same
-    global batches and mean gradients, so plain BSP's parameters (float64 round-off)."""
+    global batches and mean gradients, so plain BSP's parameters (float64 round-off).
+    The decision on step 8, taken inside the ssp phase, applies from step 8 + 0 + LEAD:
+    the phase runs to the step before it on every worker."""
     workers = comm.Get_size() - 1
     forced = [12 - 2 * (workers - 1)] + [2] * (workers - 1)
     script = iter([("ssp", 0), ("balanced", 0), None, None, None])
@@ -172,6 +176,111 @@ def test_ssp0_with_balanced_shares_keeps_bsp_parameters(comm, tmp_path, monkeypa
                leader_value(comm, plain, plain.parameters))
     history = leader_value(comm, auto, auto.relaxed.policy.history)
     ok = ok and [h["to"] for h in history] == ["ssp:0+balanced", "balanced"]
-    if not auto.topology.is_server:  # the relaxed steps 5..8 read the forced share
-        ok = ok and seen == [(s, forced[auto.topology.worker_index]) for s in range(5, 9)]
+    switch = 8 + LEAD
+    ok = ok and history[1]["step"] == 8 and history[1]["applies_from"] == switch
+    if not auto.topology.is_server:  # the relaxed steps 5..switch-1 read the forced share
+        ok = ok and seen == [(s, forced[auto.topology.worker_index])
+                             for s in range(5, switch)]
     assert comm.allreduce(bool(ok), op=MPI.LAND), (history, seen)
+
+
+def share_script(forced):
+    """A scripted ``decide``: bsp -> ssp:0 at the first segment's end, then ssp:0 with
+    ``forced`` shares (a change that keeps ssp:0, so it applies inside the phase), then
+    no more changes."""
+    script = iter([("ssp", None), ("ssp", forced)])
+
+    def scripted(self, step, work, batch, seconds, losses, steps, samples_per_s):
+        self.segments += 1
+        change = next(script, None)
+        if change is None:
+            self.segment = min(self.max_segment, 2 * self.segment)
+            return None
+        before = self.consistency
+        self.mode, self.staleness = change[0], 0
+        if change[1] is not None:
+            self.shares = list(change[1])
+        self.segment = self.base_segment
+        decision = {"step": step, "from": before, "to": self.consistency,
+                    "shares": list(self.shares), "reason": "scripted", "measurements": {}}
+        self.history.append(decision)
+        return decision
+
+    return scripted
+
+
+@pytest.mark.mpi(min_size=3)
+@pytest.mark.timeout(240)
+def test_shares_change_inside_an_ssp_phase_at_one_step_on_every_worker(comm, tmp_path,
+                                                                      monkeypatch):
+    """Scripted bsp -> ssp:0 (step 4) -> ssp:0 with uneven shares, decided on step 8
+    inside the ssp phase: no phase ends for it (one relaxed phase), every worker reads
+    the new share from step 8 + 0 + LEAD on and not before, and the parameters are
+    plain BSP's (the same global batches and mean gradients; float64 round-off)."""
+    workers = comm.Get_size() - 1
+    forced = [12 - 2 * (workers - 1)] + [2] * (workers - 1)
+    monkeypatch.setattr(adaptive.AutoPolicy, "decide", share_script(forced))
+    seen = []  # (step, this worker's samples) of the relaxed steps
+
+    def hook(trainer, step):
+        if step > 4:
+            seen.append((step, trainer.relaxed.relaxed_run.records[-1]["batch"]))
+
+    config = {"steps": 20, "auto_segment": 4}
+    run_dir = shared_dir(comm, tmp_path, "auto")
+    auto = Trainer({**TINY, **config, "run_dir": run_dir, "consistency": "auto"},
+                   comm=comm, collect=True, hooks=[hook])
+    auto.run()
+    plain = run(comm, run_dir=shared_dir(comm, tmp_path, "plain"), **config)
+    ok = close(leader_value(comm, auto, auto.parameters),
+               leader_value(comm, plain, plain.parameters))
+    history = leader_value(comm, auto, auto.relaxed.policy.history)
+    switch = 8 + LEAD
+    ok = ok and [(h["step"], h["to"]) for h in history] == [(4, "ssp:0"),
+                                                            (8, "ssp:0+balanced")]
+    ok = ok and history[1]["applies_from"] == switch
+    if not auto.topology.is_server:
+        w = auto.topology.worker_index
+        even = 12 // workers + (1 if w < 12 % workers else 0)
+        ok = ok and seen == [(s, even if s < switch else forced[w]) for s in range(5, 21)]
+        ok = ok and auto.relaxed.relaxed_run.phase == 1  # the shares changed in place
+    if comm.Get_rank() == 0:
+        lines = [r["auto"] for r in records(run_dir, "auto")]
+        ok = ok and [x.get("applies_from") for x in lines] == [None, switch]
+    assert comm.allreduce(bool(ok), op=MPI.LAND), (history, seen)
+
+
+@pytest.mark.mpi(min_size=3)
+@pytest.mark.timeout(240)
+def test_preemption_with_a_decision_pending_inside_an_ssp_phase(comm, tmp_path, monkeypatch):
+    """SIGUSR1 at the second worker's step 8, once the segment ending there sent its
+    figures and before its decision applies (step 8 + LEAD): the phase stops where the
+    workers agree (usually before that step), the decision is made and is in the
+    checkpoint, the run exits preempted, and the resumed run ends with plain BSP's
+    parameters."""
+    workers = comm.Get_size() - 1
+    forced = [12 - 2 * (workers - 1)] + [2] * (workers - 1)
+    monkeypatch.setattr(adaptive.AutoPolicy, "decide", share_script(forced))
+    run_dir = shared_dir(comm, tmp_path, "auto")
+    config = {**TINY, "steps": 20, "auto_segment": 4, "run_dir": run_dir,
+              "consistency": "auto"}
+
+    def signal_once(trainer, step):
+        if trainer.topology.worker_index == 1 and step == 8:
+            os.kill(os.getpid(), signal.SIGUSR1)
+
+    first = Trainer(config, comm=comm, hooks=[signal_once])
+    summary = leader_value(comm, first, first.run())
+    meta = read_meta(latest(run_dir)) if comm.Get_rank() == 0 else None
+    monkeypatch.setattr(adaptive.AutoPolicy, "decide", share_script(forced))
+    resumed = Trainer({**config, "resume": True}, comm=comm, collect=True)
+    resumed.run()
+    plain = run(comm, run_dir=shared_dir(comm, tmp_path, "plain"), steps=20, auto_segment=4)
+    ok = close(leader_value(comm, resumed, resumed.parameters),
+               leader_value(comm, plain, plain.parameters))
+    ok = ok and summary["preempted"]
+    if comm.Get_rank() == 0:
+        stopped_at = meta["data_position"]
+        ok = ok and 8 <= stopped_at < 20 and meta["auto"]["shares"] == forced
+        ok = ok and [h["step"] for h in meta["auto"]["history"]] == [4, 8]
+    assert comm.allreduce(bool(ok), op=MPI.LAND), (summary, meta)
