@@ -21,17 +21,23 @@ The rules (constants below), first match wins. From ``bsp``/``balanced``:
    steps do not wait in lockstep; ``S`` is ``TRIAL_STALENESS``, or the
    stall lengths' (rule 3) when transient stalls are seen too; the trial
    keeps the batch shares in force (those of rule 2 when it proposes new
-   ones); whether it pays is measured, not predicted (rule 5);
+   ones; for a trial one segment shows persistence when the slow worker was
+   the slowest in >= ``CONSISTENTLY_SLOWEST`` of its steps); whether it
+   pays is measured, not predicted (rule 5);
 2. *persistent slowness*: the slowest worker's typical (median) seconds
    per sample are >= ``PERSISTENT_RATIO`` x the fastest's, in this segment
    and the one before (the same worker; once the shares are balanced, this
    segment suffices), and shares proportional to speed save >= ``MIN_GAIN``
    of the step -> ``balanced`` with those shares. The shares are
    proportional to each worker's speed: its seconds per sample, the median
-   over the last ``HISTORY`` segments of the same family (lockstep or
-   relaxed: contention differs), so the noise of one segment does not move
-   samples around (a line fit ``fixed + share x seconds`` over shares that
-   differ little extrapolated wildly on a noisy node);
+   over those of the last ``HISTORY`` segments of the same family (lockstep
+   or relaxed: contention differs) that ran with the shares in force, so
+   the noise of one segment does not move samples around, and repeated
+   corrections reach the shares that equalize the work even when part of
+   it is fixed per step (a line fit ``fixed + share x seconds`` over shares
+   that differ little extrapolated wildly on a noisy node); workers that are
+   not slower count as equally fast (``_equal_fast``), so noise between
+   them does not move samples either;
 3. ``balanced`` but no worker persistently slower any more (the ratio of
    rule 2 below ``PERSISTENT_EXIT``: a hysteresis, so a ratio hovering
    near ``PERSISTENT_RATIO`` does not flip the shares) -> ``bsp``;
@@ -61,8 +67,10 @@ From ``ssp:S`` (a relaxed segment):
 9. else ``S`` follows the measured stall lengths.
 
 After a step back under rule 5 no relaxed mode is tried (rules 1 and 3) for
-``COOLDOWN`` segments (doubling with each failure). A segment that keeps the mode doubles the
-next segment's length (up to ``max_segment``); a change resets it.
+``COOLDOWN`` segments (doubling with each failure). The first segment is
+half as long as the others (see :class:`AutoPolicy`). A segment that keeps
+the mode doubles the next segment's length (up to ``max_segment``); a
+change resets it.
 """
 
 from __future__ import annotations
@@ -77,7 +85,8 @@ __all__ = ["analyze", "loss_figures", "guard", "AutoPolicy", "PERSISTENT_RATIO",
            "PERSISTENT_EXIT",
            "STALL_FACTOR", "MIN_STALL_FRACTION", "MIN_GAIN", "MAX_STALENESS",
            "GUARD_RISE", "GUARD_RATE", "COOLDOWN", "WAIT_TRIAL",
-           "TRIAL_STALENESS", "HISTORY"]
+           "TRIAL_STALENESS", "HISTORY", "CONSISTENTLY_SLOWEST",
+           "MIN_FIRST_SEGMENT"]
 
 PERSISTENT_RATIO = 1.25  # slowest worker's typical seconds per sample / the fastest's
 PERSISTENT_EXIT = 1.1    # ... below which balanced shares go back to even (hysteresis)
@@ -91,6 +100,8 @@ COOLDOWN = 3             # segments without relaxed trials after a failed one
 WAIT_TRIAL = 0.5         # share of a step outside own work that makes auto try ssp
 TRIAL_STALENESS = 2      # the staleness of that trial
 HISTORY = 6              # segments whose speeds the shares come from (newest)
+CONSISTENTLY_SLOWEST = 0.8  # ... of a segment's steps: persistent within it (for a trial)
+MIN_FIRST_SEGMENT = 4    # steps of the first segment, at least (its first is not measured)
 
 
 def analyze(work, batch, seconds) -> dict:
@@ -110,7 +121,9 @@ def analyze(work, batch, seconds) -> dict:
         over the step: what waiting for the slowest costs),
         ``persistent_imbalance`` (the part the typical speeds explain),
         ``transient_imbalance`` (the rest), ``wait_fraction`` (mean share
-        of a step outside own work), ``step_seconds`` (median).
+        of a step outside own work), ``step_seconds`` (median),
+        ``slowest_fraction`` (of the steps in which the worker of the
+        largest ``per_sample`` took the most seconds per sample).
     """
     work = np.asarray(work, np.float64)
     batch = np.maximum(np.asarray(batch, np.float64), 1.0)
@@ -149,6 +162,8 @@ def analyze(work, batch, seconds) -> dict:
         "imbalance": imbalance, "persistent_imbalance": persistent,
         "transient_imbalance": max(0.0, imbalance - persistent),
         "wait_fraction": float(waits.mean()), "step_seconds": step,
+        "slowest_fraction": float(np.mean(np.argmax(per_sample_steps, axis=1)
+                                          == int(np.argmax(per_sample)))),
     }
 
 
@@ -208,7 +223,10 @@ class AutoPolicy:
     Args:
         workers: the number of workers.
         global_batch: samples per step.
-        segment: steps of the first segment (and after every change).
+        segment: steps of a segment after every change (the first one is half
+            as long, at least ``MIN_FIRST_SEGMENT``: from lockstep BSP steps it
+            only has to see the large effects, lockstep waits and a consistently
+            slower worker, and its BSP steps are the slowest of a run).
         max_segment: the longest segment.
     """
 
@@ -217,7 +235,7 @@ class AutoPolicy:
         self.base_segment, self.max_segment = int(segment), max(int(segment), int(max_segment))
         self.mode, self.staleness = "bsp", 0
         self.shares = even_shares(global_batch, workers)
-        self.segment = self.base_segment
+        self.segment = min(self.base_segment, max(MIN_FIRST_SEGMENT, self.base_segment // 2))
         self.segments = 0
         self.cooldown_until = 0
         self.failures = 0
@@ -291,17 +309,24 @@ class AutoPolicy:
         self.failures += 1
         self.cooldown_until = self.segments + 1 + COOLDOWN * 2 ** (self.failures - 1)
 
-    def _persistent(self, figures):
-        """``(shares, reason)`` when balancing pays (rule 2), else None."""
+    def _persistent(self, figures, trial=False):
+        """``(shares, reason)`` when balancing pays (rule 2), else None; for a ``trial``
+        (rule 1) one segment suffices when the worker was the slowest in most of its
+        steps (``CONSISTENTLY_SLOWEST``): the trial is measured anyway."""
         times = figures["per_sample"]
         slow, seen = int(np.argmax(times)), self.slow_worker
         threshold = PERSISTENT_EXIT if self.uneven else PERSISTENT_RATIO
         self.slow_worker = slow if figures["persistent_ratio"] >= threshold else None
-        if self.slow_worker is None or (not self.uneven and seen != slow):
+        within = trial and figures["slowest_fraction"] >= CONSISTENTLY_SLOWEST
+        if self.slow_worker is None or (not self.uneven and seen != slow and not within):
             return None  # slower in one segment only: not yet persistent
-        # each worker's seconds per sample, the median over the last segments' medians
-        per_sample = [float(np.median([o[2][w] / max(o[1][w], 1) for o in self.observed]))
-                      for w in range(self.workers)]
+        # each worker's seconds per sample at the shares in force: the median over the
+        # last segments run with them (a fixed part per step makes it grow as a share
+        # shrinks, so speeds seen at other shares would keep the correction short)
+        regime = [o for o in self.observed if o[1] == list(self.shares)] or self.observed
+        per_sample = self._equal_fast([float(np.median([o[2][w] / max(o[1][w], 1)
+                                                        for o in regime]))
+                                       for w in range(self.workers)])
         proposed = balanced_shares(per_sample, self.global_batch)
         work = step_work(self.shares, per_sample)
         gain = relative_gain(self.shares, proposed, per_sample) * work / max(
@@ -311,6 +336,18 @@ class AutoPolicy:
         return proposed, (f"persistent: worker {slow} takes {figures['persistent_ratio']:.2f} x "
                           f"the fastest's time per sample; shares {proposed} save "
                           f"{100 * gain:.0f} % of a step")
+
+    def _equal_fast(self, per_sample) -> list:
+        """Speeds with the workers that are not slower counted as equally fast (their
+        median): only a slower worker's share moves, not noise between fast ones. A
+        worker is slower at ``PERSISTENT_RATIO`` x the fastest's seconds per sample, or
+        at ``PERSISTENT_EXIT`` x while its share is below an even one (hysteresis)."""
+        fastest = min(per_sample)
+        even = even_shares(self.global_batch, self.workers)
+        slower = [t >= (PERSISTENT_EXIT if share < even[w] else PERSISTENT_RATIO) * fastest
+                  for w, (t, share) in enumerate(zip(per_sample, self.shares))]
+        fast = float(np.median([t for t, s in zip(per_sample, slower) if not s]))
+        return [t if s else fast for t, s in zip(per_sample, slower)]
 
     def _staleness(self, figures) -> int:
         lengths = figures["stall_steps"]
@@ -330,7 +367,7 @@ class AutoPolicy:
     def _from_bsp(self, figures):
         if self._lockstep(figures):
             self.trial = [self.mode, list(self.shares)]
-            balanced = self._persistent(figures)  # also keeps track of the slowest worker
+            balanced = self._persistent(figures, trial=True)  # tracks the slowest worker too
             shares = balanced[0] if balanced is not None else list(self.shares)
             staleness = TRIAL_STALENESS
             if self._stalls(figures):

@@ -3,7 +3,8 @@
 import numpy as np
 import pytest
 
-from hpcpax.plan.adaptive import (COOLDOWN, MAX_STALENESS, PERSISTENT_EXIT,
+from hpcpax.plan.adaptive import (CONSISTENTLY_SLOWEST, COOLDOWN, MAX_STALENESS,
+                                  PERSISTENT_EXIT,
                                   PERSISTENT_RATIO, TRIAL_STALENESS, WAIT_TRIAL,
                                   AutoPolicy, analyze,
                                   guard, loss_figures)
@@ -210,6 +211,49 @@ def test_waits_a_slow_worker_explains_are_balanced_not_trialled():
     policy = AutoPolicy(WORKERS, BATCH, segment=40)
     assert decide(policy, 40, trace(**slow)) is None
     assert decide(policy, 80, trace(seed=1, **slow))["to"] == "balanced"
+
+
+def test_lockstep_trial_balances_a_worker_slowest_all_segment_at_once():
+    """Lockstep waits and a worker 2x slower in every step of the first segment: the
+    trial starts with shares proportional to speed (rule 2 would want two segments for
+    BSP); a worker slower only in its median, not in most steps, gets even shares."""
+    slow = dict(per_sample=(1e-3, 1e-3, 2e-3), comm=30e-3)
+    figures = analyze(*trace(**slow))
+    assert figures["slowest_fraction"] >= CONSISTENTLY_SLOWEST
+    assert figures["wait_fraction"] - figures["persistent_imbalance"] >= WAIT_TRIAL
+    policy = AutoPolicy(WORKERS, BATCH, segment=40)
+    trial = decide(policy, 40, trace(**slow))
+    assert trial["to"] == f"ssp:{TRIAL_STALENESS}+balanced" and policy.shares == [5, 5, 2]
+    assert "worker 2" in trial["reason"] or "lockstep" in trial["reason"]
+    # the same worker slower by its median, but the slowest in only half of the steps
+    work, batch, seconds = trace(comm=30e-3, seed=1)
+    work[::2, 2] *= 2.0
+    seconds = np.repeat(work.max(axis=1, keepdims=True) + 30e-3, WORKERS, axis=1)
+    figures = analyze(work, batch, seconds)
+    assert figures["persistent_ratio"] >= PERSISTENT_RATIO
+    assert figures["slowest_fraction"] < CONSISTENTLY_SLOWEST
+    policy = AutoPolicy(WORKERS, BATCH, segment=40)
+    trial = decide(policy, 40, (work, batch, seconds))
+    assert trial["to"] == f"ssp:{TRIAL_STALENESS}" and policy.shares == [4, 4, 4]
+
+
+def test_noise_between_fast_workers_moves_no_samples():
+    """Worker 2 is 2x slower; workers 0 and 1 differ by 15 % (noise on a shared node):
+    they count as equally fast and get equal shares; once balanced, a correction moves
+    only the slow worker's samples (its seconds per sample measured at its new share)."""
+    policy = AutoPolicy(WORKERS, 120, segment=40)
+    uneven_fast = dict(per_sample=(1.15e-3, 1e-3, 2e-3), shares=(40, 40, 40))
+    decide(policy, 40, trace(**uneven_fast))
+    decision = decide(policy, 80, trace(seed=1, **uneven_fast))
+    assert decision["to"] == "balanced"
+    assert abs(policy.shares[0] - policy.shares[1]) <= 1  # equal but for rounding
+    assert policy.shares[2] < policy.shares[1]
+    # at the new shares the slow worker's fixed cost per step shows: 2.6x per sample
+    shares = tuple(policy.shares)
+    slower = dict(per_sample=(1e-3, 1.15e-3, 2.6e-3), shares=shares)
+    again = decide(policy, 120, trace(seed=2, **slower))
+    assert again is not None and abs(policy.shares[0] - policy.shares[1]) <= 1
+    assert policy.shares[2] < shares[2]
 
 
 def test_lockstep_trial_with_stalls_takes_the_stall_lengths():
