@@ -103,7 +103,10 @@ def one_run(comm, base, consistency, extra, steps, seed, workdir):
         result = {"samples_per_s": summary["mean_samples_per_s"],
                   # every mode alike: samples over the training seconds, mode changes included
                   "samples_per_s_train": samples / summary["train_seconds"],
-                  "auto": [(d["step"], d["to"]) for d in summary.get("auto") or []],
+                  # each decision: measured at step, in force from step, mode, why
+                  "auto": [(d["step"], d.get("applies_from", d["step"] + 1), d["to"],
+                            d["reason"]) for d in summary.get("auto") or []],
+                  "auto_decision_wait_s": summary.get("auto_decision_wait_s"),
                   "loss": float(np.mean(tail)), "worker_steps": summary.get("worker_steps"),
                   "compute_share": compute_share(run_dir),
                   "dense_k": (summary.get("dense_period") or {}).get("final_k"),
@@ -201,6 +204,8 @@ def main():
                                                         for x in results]),
                          "auto_decisions": [x["auto"] for x in results] if c == "auto"
                          else None,
+                         "auto_decision_wait_s": [x["auto_decision_wait_s"] for x in results]
+                         if c == "auto" else None,
                          "loss": spread([x["loss"] for x in results]),
                          "worker_steps": results[-1]["worker_steps"],
                          "max_staleness": max((x["max_staleness"] or 0) for x in results),
