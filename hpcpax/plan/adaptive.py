@@ -22,7 +22,8 @@ The rules (constants below), first match wins. From ``bsp``/``balanced``:
    stall lengths' (rule 3) when transient stalls are seen too; the trial
    keeps the batch shares in force (those of rule 2 when it proposes new
    ones; for a trial one segment shows persistence when the slow worker was
-   the slowest in >= ``CONSISTENTLY_SLOWEST`` of its steps); whether it
+   the slowest in >= ``CONSISTENTLY_SLOWEST`` of its >= ``CONSISTENT_STEPS``
+   measured steps); whether it
    pays is measured, not predicted (rule 5);
 2. *persistent slowness*: the slowest worker's typical (median) seconds
    per sample are >= ``PERSISTENT_RATIO`` x the fastest's, in this segment
@@ -67,8 +68,7 @@ From ``ssp:S`` (a relaxed segment):
 9. else ``S`` follows the measured stall lengths.
 
 After a step back under rule 5 no relaxed mode is tried (rules 1 and 3) for
-``COOLDOWN`` segments (doubling with each failure). The first segment is
-half as long as the others (see :class:`AutoPolicy`). A segment that keeps
+``COOLDOWN`` segments (doubling with each failure). A segment that keeps
 the mode doubles the next segment's length (up to ``max_segment``); a
 change resets it.
 """
@@ -85,8 +85,7 @@ __all__ = ["analyze", "loss_figures", "guard", "AutoPolicy", "PERSISTENT_RATIO",
            "PERSISTENT_EXIT",
            "STALL_FACTOR", "MIN_STALL_FRACTION", "MIN_GAIN", "MAX_STALENESS",
            "GUARD_RISE", "GUARD_RATE", "COOLDOWN", "WAIT_TRIAL",
-           "TRIAL_STALENESS", "HISTORY", "CONSISTENTLY_SLOWEST",
-           "MIN_FIRST_SEGMENT"]
+           "TRIAL_STALENESS", "HISTORY", "CONSISTENTLY_SLOWEST", "CONSISTENT_STEPS"]
 
 PERSISTENT_RATIO = 1.25  # slowest worker's typical seconds per sample / the fastest's
 PERSISTENT_EXIT = 1.1    # ... below which balanced shares go back to even (hysteresis)
@@ -101,7 +100,7 @@ WAIT_TRIAL = 0.5         # share of a step outside own work that makes auto try 
 TRIAL_STALENESS = 2      # the staleness of that trial
 HISTORY = 6              # segments whose speeds the shares come from (newest)
 CONSISTENTLY_SLOWEST = 0.8  # ... of a segment's steps: persistent within it (for a trial)
-MIN_FIRST_SEGMENT = 4    # steps of the first segment, at least (its first is not measured)
+CONSISTENT_STEPS = 8     # ... of at least this many measured steps (4 of 4 happen by chance)
 
 
 def analyze(work, batch, seconds) -> dict:
@@ -123,7 +122,7 @@ def analyze(work, batch, seconds) -> dict:
         ``transient_imbalance`` (the rest), ``wait_fraction`` (mean share
         of a step outside own work), ``step_seconds`` (median),
         ``slowest_fraction`` (of the steps in which the worker of the
-        largest ``per_sample`` took the most seconds per sample).
+        largest ``per_sample`` took the most seconds per sample), ``steps``.
     """
     work = np.asarray(work, np.float64)
     batch = np.maximum(np.asarray(batch, np.float64), 1.0)
@@ -164,6 +163,7 @@ def analyze(work, batch, seconds) -> dict:
         "wait_fraction": float(waits.mean()), "step_seconds": step,
         "slowest_fraction": float(np.mean(np.argmax(per_sample_steps, axis=1)
                                           == int(np.argmax(per_sample)))),
+        "steps": int(work.shape[0]),
     }
 
 
@@ -223,10 +223,7 @@ class AutoPolicy:
     Args:
         workers: the number of workers.
         global_batch: samples per step.
-        segment: steps of a segment after every change (the first one is half
-            as long, at least ``MIN_FIRST_SEGMENT``: from lockstep BSP steps it
-            only has to see the large effects, lockstep waits and a consistently
-            slower worker, and its BSP steps are the slowest of a run).
+        segment: steps of the first segment (and after every change).
         max_segment: the longest segment.
     """
 
@@ -235,7 +232,7 @@ class AutoPolicy:
         self.base_segment, self.max_segment = int(segment), max(int(segment), int(max_segment))
         self.mode, self.staleness = "bsp", 0
         self.shares = even_shares(global_batch, workers)
-        self.segment = min(self.base_segment, max(MIN_FIRST_SEGMENT, self.base_segment // 2))
+        self.segment = self.base_segment
         self.segments = 0
         self.cooldown_until = 0
         self.failures = 0
@@ -317,7 +314,8 @@ class AutoPolicy:
         slow, seen = int(np.argmax(times)), self.slow_worker
         threshold = PERSISTENT_EXIT if self.uneven else PERSISTENT_RATIO
         self.slow_worker = slow if figures["persistent_ratio"] >= threshold else None
-        within = trial and figures["slowest_fraction"] >= CONSISTENTLY_SLOWEST
+        within = (trial and figures["slowest_fraction"] >= CONSISTENTLY_SLOWEST
+                  and figures["steps"] >= CONSISTENT_STEPS)
         if self.slow_worker is None or (not self.uneven and seen != slow and not within):
             return None  # slower in one segment only: not yet persistent
         # each worker's seconds per sample at the shares in force: the median over the

@@ -3,9 +3,9 @@
 import numpy as np
 import pytest
 
-from hpcpax.plan.adaptive import (CONSISTENTLY_SLOWEST, COOLDOWN, MAX_STALENESS,
-                                  PERSISTENT_EXIT,
-                                  PERSISTENT_RATIO, TRIAL_STALENESS, WAIT_TRIAL,
+from hpcpax.plan.adaptive import (CONSISTENT_STEPS, CONSISTENTLY_SLOWEST, COOLDOWN,
+                                  MAX_STALENESS, PERSISTENT_EXIT, PERSISTENT_RATIO,
+                                  TRIAL_STALENESS, WAIT_TRIAL,
                                   AutoPolicy, analyze,
                                   guard, loss_figures)
 
@@ -235,6 +235,11 @@ def test_lockstep_trial_balances_a_worker_slowest_all_segment_at_once():
     policy = AutoPolicy(WORKERS, BATCH, segment=40)
     trial = decide(policy, 40, (work, batch, seconds))
     assert trial["to"] == f"ssp:{TRIAL_STALENESS}" and policy.shares == [4, 4, 4]
+    # slowest in every step, but of too few steps (contention does that by chance)
+    policy = AutoPolicy(WORKERS, BATCH, segment=40)
+    short = trace(steps=CONSISTENT_STEPS - 1, **slow)
+    assert analyze(*short)["slowest_fraction"] == 1.0
+    assert decide(policy, 7, short)["to"] == f"ssp:{TRIAL_STALENESS}"
 
 
 def test_noise_between_fast_workers_moves_no_samples():
