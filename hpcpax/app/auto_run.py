@@ -64,7 +64,13 @@ def setup(trainer):
         return relaxed_run.setup(trainer)
     from .stragglers import Stragglers
 
+    from ..errors import ConfigError
+
     config, topo = trainer.config, trainer.topology
+    if not topo.server_ranks:  # the same on every rank: all raise together
+        raise ConfigError("consistency 'auto' needs server ranks (servers_per_node >= 1, "
+                          "and at least one worker beside them, e.g. mpirun -n 3): its ssp "
+                          "segments run on the relaxed parameter server")
     trainer.stragglers = Stragglers(config["straggler"], config["stalls"], topo.rank,
                                     config["seed"])
     relaxed, rsync = relaxed_run.relaxed_parts(trainer, f"ssp:{MAX_STALENESS}")

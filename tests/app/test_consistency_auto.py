@@ -284,3 +284,13 @@ def test_preemption_with_a_decision_pending_inside_an_ssp_phase(comm, tmp_path, 
         ok = ok and 8 <= stopped_at < 20 and meta["auto"]["shares"] == forced
         ok = ok and [h["step"] for h in meta["auto"]["history"]] == [4, 8]
     assert comm.allreduce(bool(ok), op=MPI.LAND), (summary, meta)
+
+
+def test_auto_without_server_ranks_is_refused_naming_auto(tmp_path):
+    """One process (no server rank): a ConfigError that names ``auto``, not the ssp
+    model its segments would use."""
+    from hpcpax.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="consistency 'auto' needs server ranks"):
+        Trainer({**TINY, "servers_per_node": 0, "consistency": "auto", "steps": 4,
+                 "run_dir": str(tmp_path / "run")}, comm=MPI.COMM_SELF).run()
