@@ -244,7 +244,7 @@ class AutoRun:
         """The decision on ``boundary``: the first worker decides once every worker's
         figures are in, the others receive it; scheduled for its step."""
         t, channel = self.trainer, self.channel
-        waiting = self.relaxed.client._while_waiting_in_step
+        waiting = self.relaxed.client.answer_control
         if channel.is_leader:
             gathered = channel.collect(boundary, block, waiting)
             if gathered is None:

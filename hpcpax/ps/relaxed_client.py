@@ -228,6 +228,13 @@ class RelaxedClient:
         if self.is_leader:
             self._poll_control(mid_step=True)
 
+    def answer_control(self) -> None:
+        """Answer the coordinator's stop messages that arrived (the group's leader; a
+        no-op on the others): for a worker that waits between two steps outside this
+        client, so a stop agreement never waits for it."""
+        if self.is_leader:
+            self._poll_control()
+
     def _poll_control(self, mid_step=False) -> None:
         """Leader: answer the coordinator's stop messages that arrived."""
         from mpi4py import MPI
