@@ -274,9 +274,20 @@ def job_main(args):
 
 
 # ----------------------------------------------------------------------- orchestrator side
+def _ranks(values):
+    """Ranks from 0, tied values sharing the mean of their ranks (Spearman's definition:
+    an order made up between equal predictions would count as a wrong one, or a right one)."""
+    values = np.asarray(values, np.float64)
+    ranks = np.empty(len(values))
+    ranks[np.argsort(values, kind="stable")] = np.arange(len(values), dtype=np.float64)
+    for value in np.unique(values):
+        tied = values == value
+        ranks[tied] = ranks[tied].mean()
+    return ranks
+
+
 def _spearman(a, b):
-    ra = np.argsort(np.argsort(a)).astype(float)
-    rb = np.argsort(np.argsort(b)).astype(float)
+    ra, rb = _ranks(a), _ranks(b)
     if ra.std() == 0 or rb.std() == 0:
         return 1.0
     return float(np.corrcoef(ra, rb)[0, 1])

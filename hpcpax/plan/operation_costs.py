@@ -133,7 +133,8 @@ def measure_operations(topology, counts=(1, 8), repeats: int = 15, dim: int = 16
     :data:`hpcpax.plan.step_model.REDUCE_STEP_BYTES`). ``per_partition``:
     its ``call_s`` is the extra seconds per partition an owner holds, per PS
     phase (a table of :data:`PARTITIONS` partitions against one of the
-    default number, pull and push averaged), the model's
+    default number, pull and push averaged, each call timed alone after a
+    barrier of the workers, the two tables alternating), the model's
     ``CostParams.partition_overhead_s``.
     """
     from mpi4py import MPI
@@ -178,8 +179,6 @@ def measure_operations(topology, counts=(1, 8), repeats: int = 15, dim: int = 16
     operations = [
         ("ps_pull", set_aggregation(True), lambda k: pull(keys[:k])),
         ("ps_push", None, lambda k: push(keys[:k])),
-        ("partitioned_pull", None, lambda k: pull(["calibrate_partitioned"])),
-        ("partitioned_push", None, lambda k: push(["calibrate_partitioned"])),
         ("ps_pull_no_aggregation", set_aggregation(False), lambda k: pull(keys[:k])),
         ("ps_push_no_aggregation", None, lambda k: push(keys[:k])),
         ("allgather_push", None, lambda k: lambda: push_many(
@@ -203,27 +202,41 @@ def measure_operations(topology, counts=(1, 8), repeats: int = 15, dim: int = 16
                 calls[(name, k)]()
                 if repeat:
                     times[(name, k)].append(time.perf_counter() - start)
+    # the per-partition cost: one table of PARTITIONS partitions against one of the
+    # default number, each call alone (a barrier before it) and the two alternating,
+    # so neither carries a hand-off or a server's backlog the other does not (inside
+    # the sequence above, after an 8-table push, it measured 35 us per partition
+    # where 128 partitions cost nothing measurable alone or in training)
+    set_aggregation(True)()
+    pair = {"default": keys[0], "partitioned": "calibrate_partitioned"}
+    alone = {(kind, op): [] for kind in pair for op in ("pull", "push")}
+    for repeat in range(repeats + 1):
+        for kind, name in pair.items():
+            for op, call in (("pull", pull([name])), ("push", push([name]))):
+                topology.workers.Barrier()
+                start = time.perf_counter()
+                call()
+                if repeat:
+                    alone[(kind, op)].append(time.perf_counter() - start)
+
     def most_parts(name):
         return int(np.bincount(np.asarray(ps.variables[name].layout.owners)).max())
 
     extra_parts = most_parts("calibrate_partitioned") - most_parts(keys[0])
     ps.shutdown()
-    mine = {key: float(np.median(v)) for key, v in times.items()}
+    mine = {key: float(np.median(v)) for key, v in {**times, **alone}.items()}
     means = topology.workers.allreduce(mine, op=_sum_dicts)
     n = topology.workers.Get_size()
     out = {}
     k0, k1 = counts[0], counts[-1]
     for name, _, _ in operations:
         t0, t1 = means[(name, k0)] / n, means[(name, k1)] / n
-        if name.startswith("partitioned"):
-            continue
         per = max((t1 - t0) / (k1 - k0), 0.0) if name != "control" else 0.0
         out[name] = {"call_s": max(t0 - per * k0, 0.0), "per_variable_s": per}
-    # one table of PARTITIONS partitions against one of the default number (k0 = 1)
-    extra = [np.mean([means[(f"partitioned_{op}", k)] for k in counts]) / n
-             - means[(f"ps_{op}", k0)] / n for op in ("pull", "push")]
+    extra = [(means[("partitioned", op)] - means[("default", op)]) / n
+             for op in ("pull", "push")]
     out["per_partition"] = {"call_s": max(float(np.mean(extra)) / extra_parts, 0.0)
-                            if extra_parts > 0 and k0 == 1 else 0.0, "per_variable_s": 0.0}
+                            if extra_parts > 0 else 0.0, "per_variable_s": 0.0}
     return comm.bcast(out, root=topology.worker_ranks[0])
 
 
