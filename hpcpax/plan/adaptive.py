@@ -23,8 +23,7 @@ The rules (constants below), first match wins. From ``bsp``/``balanced``:
    keeps the batch shares in force (those of rule 2 when it proposes new
    ones; for a trial one segment shows persistence when the slow worker was
    the slowest in >= ``CONSISTENTLY_SLOWEST`` of its >= ``CONSISTENT_STEPS``
-   measured steps); whether it
-   pays is measured, not predicted (rule 5);
+   measured steps); whether it pays is measured, not predicted (rule 5);
 2. *persistent slowness*: the slowest worker's typical (median) seconds
    per sample are >= ``PERSISTENT_RATIO`` x the fastest's, in this segment
    and the one before (the same worker; once the shares are balanced, this
