@@ -66,6 +66,9 @@ def measure_software(counts=(1, 8), repeats: int = 30, dim: int = 16) -> dict:
     * ``ps_pull``, ``ps_push``: :meth:`ParameterServer.pull_unique_many` /
       :meth:`~hpcpax.ps.server.ParameterServer.push_many`;
     * ``allgather_push``: :func:`hpcpax.sync.replicated.push_many`;
+    * ``allreduce_push``: the same for ``allreduce`` (densified) tables;
+    * ``replica_pull``: :meth:`ReplicatedTable.pull_unique` of each table
+      (the rows of a replicated table read locally);
     * ``dense_allreduce``: :meth:`DenseAllreduce.allreduce` (per tensor).
     """
     from mpi4py import MPI
@@ -82,7 +85,7 @@ def measure_software(counts=(1, 8), repeats: int = 30, dim: int = 16) -> dict:
         ids = np.arange(4, dtype=np.int64)
         values = np.ones((4, dim), np.float32)
         points = {name: [] for name in ("ps_pull", "ps_push", "allgather_push",
-                                        "dense_allreduce")}
+                                        "allreduce_push", "replica_pull", "dense_allreduce")}
         for k in counts:
             specs = [SparseVariableSpec(f"t{k}_{i}", rows=64, dim=dim) for i in range(k)]
             ps = ParameterServer(topo)
@@ -95,6 +98,12 @@ def measure_software(counts=(1, 8), repeats: int = 30, dim: int = 16) -> dict:
             tables = {s.name: ReplicatedTable(topo, s, "allgather") for s in specs}
             points["allgather_push"].append((k, _per_op(
                 lambda: push_many(tables, {n: SparseGrad(ids, values, 64) for n in names}),
+                repeats)))
+            points["replica_pull"].append((k, _per_op(
+                lambda: [tables[n].pull_unique(ids) for n in names], repeats)))
+            densified = {s.name: ReplicatedTable(topo, s, "allreduce") for s in specs}
+            points["allreduce_push"].append((k, _per_op(
+                lambda: push_many(densified, {n: SparseGrad(ids, values, 64) for n in names}),
                 repeats)))
             tensors = {f"w{i}": ((16,), np.float32) for i in range(k)}
             engine = DenseAllreduce(topo, tensors)
@@ -128,7 +137,9 @@ def measure_operations(topology, counts=(1, 8), repeats: int = 15, dim: int = 16
     means over workers). Fitted per operation to ``call_s + per_variable_s * k``.
     Operations: ``ps_pull``, ``ps_push`` (with local aggregation, and
     ``*_no_aggregation`` without; the same where a node has one worker),
-    ``allgather_push``, ``dense_allreduce`` and ``control`` (the trainer's
+    ``allgather_push``, ``allreduce_push`` (densified tables),
+    ``replica_pull`` (replicated tables' rows read locally),
+    ``dense_allreduce`` and ``control`` (the trainer's
     per-step figures ``Allreduce``, see
     :data:`hpcpax.plan.step_model.REDUCE_STEP_BYTES`). ``per_partition``:
     its ``call_s`` is the extra seconds per partition an owner holds, per PS
@@ -171,6 +182,7 @@ def measure_operations(topology, counts=(1, 8), repeats: int = 15, dim: int = 16
         return lambda: [ps.set_local_aggregation(n, enabled) for n in keys]
 
     tables = {s.name: ReplicatedTable(topology, s, "allgather") for s in specs}
+    densified = {s.name: ReplicatedTable(topology, s, "allreduce") for s in specs}
     engines = {k: DenseAllreduce(topology, {f"w{i}": ((16,), np.float32) for i in range(k)})
                for k in counts}
     grads = {f"w{i}": np.ones(16, np.float32) for i in range(max(counts))}
@@ -184,6 +196,11 @@ def measure_operations(topology, counts=(1, 8), repeats: int = 15, dim: int = 16
         ("allgather_push", None, lambda k: lambda: push_many(
             {n: tables[n] for n in keys[:k]},
             {n: SparseGrad(ids, values, rows) for n in keys[:k]})),
+        ("allreduce_push", None, lambda k: lambda: push_many(
+            {n: densified[n] for n in keys[:k]},
+            {n: SparseGrad(ids, values, rows) for n in keys[:k]})),
+        ("replica_pull", None, lambda k: lambda: [tables[n].pull_unique(ids)
+                                                  for n in keys[:k]]),
         ("dense_allreduce", None, lambda k: lambda: engines[k].allreduce(
             {f"w{i}": grads[f"w{i}"] for i in range(k)})),
         ("control", None, lambda k: lambda: topology.workers.Allreduce(MPI.IN_PLACE, vector)),

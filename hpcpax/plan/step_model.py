@@ -254,7 +254,8 @@ def predict_step(layout: Layout, links, params, routings: dict, dense_bytes=(),
                      lambda r: params.kernel("gather", _received_rows(r) * r.row_bytes), share,
                      lambda r, rows: params.kernel("unique", rows), back=lambda r: r.row_bytes)
     replicas = gathered + densified
-    if replicas:
+    if replicas:  # each replica read locally: its fixed cost, then its kernels
+        pred.charge("pull", "software", params.overhead("replica_pull", len(replicas)))
         pred.charge("pull", "client kernels", max(
             sum(params.kernel("unique", r.raw[w]) + params.kernel("gather", r.unique[w]
                                                                   * r.row_bytes)
@@ -264,7 +265,13 @@ def predict_step(layout: Layout, links, params, routings: dict, dense_bytes=(),
         pred.charge("push", "client kernels", max(
             sum(params.kernel("dedup", r.raw[w] * r.row_bytes) for r in routings.values())
             for w in workers))
-    if replicas:
+    # each replicated method's measured fixed cost (its collectives' latencies are in
+    # it); a calibration that measured only the allgather push charges that for both
+    separate = bool(params.software) and "allreduce_push" in params.software
+    if separate:
+        pred.charge("push", "software", params.overhead("allgather_push", len(gathered)))
+        pred.charge("push", "software", params.overhead("allreduce_push", len(densified)))
+    elif replicas:
         pred.charge("push", "software", params.overhead("allgather_push", len(replicas)))
     if gathered:
         record = [r.unique[workers] * (INDEX_BYTES + r.row_bytes) for r in gathered]
@@ -282,9 +289,10 @@ def predict_step(layout: Layout, links, params, routings: dict, dense_bytes=(),
                     + params.kernel("apply", r.union * r.row_bytes))
         # densified into a fresh table (and a fresh mask of rows) just before the call
         pred.hand_off("push")
-        pred.charge_cost("push", coll.allreduce(worker_nodes, table, links, fresh=True))
+        pred.charge_cost("push", coll.allreduce(worker_nodes, table, links, fresh=True),
+                         covered=separate)
         pred.charge_cost("push", coll.allreduce(worker_nodes, r.rows, links, itemsize=1,
-                                                fresh=True))
+                                                fresh=True), covered=separate)
     if on_ps:
         def apply_work(r):
             rows = _received_rows(r)

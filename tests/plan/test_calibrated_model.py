@@ -235,3 +235,48 @@ def test_job_scope_operations_hold_the_per_operation_handoff():
                                                 software_scope="job"),
                        {"t": _ps_routing(layout)}, dense_bytes=[64], include_control=True)
     assert "scheduling" not in job.resources
+
+
+def test_replicated_tables_pay_their_local_read_once_per_table():
+    """An allgather table's pull is a local read: its measured fixed cost per call and
+    per table (``replica_pull``), charged once per table; free kernels leave nothing else."""
+    layout = Layout.from_shape(1, 2, 0)
+    ids = [np.array([0, 5]), np.array([1, 6])]
+    routings = {name: routing_from_ids(layout, "allgather", 8, 16, ids) for name in "ab"}
+    free = {k: {"call_s": 0.0, "unit_s": 0.0} for k in ("unique", "gather", "dedup", "apply")}
+    with_read = {**SOFTWARE, "replica_pull": {"call_s": 2e-4, "per_variable_s": 5e-5}}
+    pred = predict_step(layout, FAST, CostParams(software=with_read, software_scope="job",
+                                                 kernels=free), routings,
+                        include_control=False)
+    assert pred.phases["pull"] == pytest.approx(2e-4 + 2 * 5e-5)
+    # an older calibration without the operation charges no fixed cost for it
+    older = predict_step(layout, FAST, CostParams(software=SOFTWARE, software_scope="job",
+                                                  kernels=free), routings,
+                         include_control=False)
+    assert older.phases.get("pull", 0.0) == pytest.approx(0.0)
+
+
+def test_densified_and_allgathered_tables_pay_their_own_push_cost():
+    """With ``allreduce_push`` measured, a densified table pays it (its Allreduces'
+    latencies inside, as the job measured it) and an allgathered one ``allgather_push``;
+    an older calibration charges ``allgather_push`` and the latencies for both."""
+    layout = Layout.from_shape(1, 2, 0)
+    ids = [np.array([0, 5]), np.array([1, 6])]
+    free = {k: {"call_s": 0.0, "unit_s": 0.0} for k in ("unique", "gather", "dedup", "apply")}
+    both = {**SOFTWARE, "allreduce_push": {"call_s": 4e-4, "per_variable_s": 3e-4}}
+
+    def push(method, software):
+        routing = routing_from_ids(layout, method, 8, 16, ids)
+        return predict_step(layout, FAST, CostParams(software=software, software_scope="job",
+                                                     kernels=free), {"t": routing},
+                            include_control=False)
+
+    densified = push("allreduce", both)
+    assert densified.phases["push"] == pytest.approx(4e-4 + 3e-4)
+    assert "latency" not in densified.resources
+    gathered = push("allgather", both)
+    assert gathered.phases["push"] == pytest.approx(7e-4 + 1e-4)
+    older = push("allreduce", SOFTWARE)
+    # MPICH's Allreduce on 2 ranks: the table (32 floats) reduce-scatter + allgather, 2
+    # rounds; its row mask (8 bytes) recursive doubling, 1 round
+    assert older.phases["push"] == pytest.approx(7e-4 + 1e-4 + 3 * A)

@@ -7,7 +7,8 @@ import hpcpax
 from hpcpax.plan.operation_costs import measure_operations
 
 OPERATIONS = {"ps_pull", "ps_push", "ps_pull_no_aggregation", "ps_push_no_aggregation",
-              "allgather_push", "dense_allreduce", "control", "per_partition"}
+              "allgather_push", "allreduce_push", "replica_pull", "dense_allreduce", "control",
+              "per_partition"}
 
 
 @pytest.mark.mpi(min_size=3)
