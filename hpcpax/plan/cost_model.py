@@ -220,9 +220,11 @@ class CostParams:
             work of ``w`` seconds also costs ``handoff_s + handoff_per_work
             * w`` before the next collective can run (measured by
             :func:`hpcpax.plan.calibrate.measure_handoff`; 0 when None).
-        software: ``{operation: {"call_s", "per_variable_s"}}``: hpcpax's
-            host overhead per batched operation (``ps_pull``, ``ps_push``,
-            ``allgather_push``, ``dense_allreduce``), from
+        software: ``{operation: {"call_s", "per_variable_s"[, "per_row_s"]}}``:
+            hpcpax's host overhead per batched operation (``ps_pull``,
+            ``ps_push``, ``allgather_push``, ``allreduce_push``,
+            ``replica_pull``, ``dense_allreduce``, ...; ``per_row_s`` per id
+            of the worker, where measured), from
             :func:`hpcpax.plan.calibrate.measure_software`. It includes the
             kernels' fixed cost per call, so with it :meth:`kernel` counts
             only their per-unit cost.
@@ -269,12 +271,14 @@ class CostParams:
             return 0.0, 1.0 / float(fallback_Bps)
         return 0.0, 0.0
 
-    def overhead(self, operation: str, variables: int) -> float:
-        """hpcpax's host seconds for one ``operation`` carrying ``variables`` variables."""
+    def overhead(self, operation: str, variables: int, rows: float = 0.0) -> float:
+        """hpcpax's host seconds for one ``operation`` carrying ``variables`` variables
+        and ``rows`` ids of this worker (``per_row_s``, where it was measured)."""
         if not self.software or operation not in self.software or variables <= 0:
             return 0.0
         entry = self.software[operation]
-        return float(entry["call_s"]) + float(entry["per_variable_s"]) * variables
+        return (float(entry["call_s"]) + float(entry["per_variable_s"]) * variables
+                + float(entry.get("per_row_s", 0.0)) * float(rows))
 
     def kernel(self, name: str, units):
         """Seconds of kernel ``name`` on ``units`` (scalar or array; 0 units cost 0)."""

@@ -20,6 +20,8 @@ __all__ = ["measure_operations", "measure_software"]
 
 #: partitions of the table whose extra cost per partition is measured
 PARTITIONS = 16
+#: ids of one call that measures an operation's cost per row (against 16)
+ROWS_PER_CALL = 512
 
 
 def _thread_limits():
@@ -134,7 +136,12 @@ def measure_operations(topology, counts=(1, 8), repeats: int = 15, dim: int = 16
     also holds the hand-off from the one before; the ``k`` values are
     interleaved, so both see the same load; each worker keeps its median,
     and the mean over workers is kept (the trainer reports phase times as
-    means over workers). Fitted per operation to ``call_s + per_variable_s * k``.
+    means over workers). Fitted per operation to ``call_s + per_variable_s * k
+    + per_row_s * rows``: ``k`` tables of 16 ids each, and one table of
+    :data:`ROWS_PER_CALL` ids for the cost per row (this worker's ids: what
+    grows with them beyond the kernels' measured rates, the Python and NumPy
+    path, the exchanges inside the node; 0 for the operations whose work does
+    not follow the ids).
     Operations: ``ps_pull``, ``ps_push`` (with local aggregation, and
     ``*_no_aggregation`` without; the same where a node has one worker),
     ``allgather_push``, ``allreduce_push`` (densified tables),
@@ -157,11 +164,14 @@ def measure_operations(topology, counts=(1, 8), repeats: int = 15, dim: int = 16
     from .step_model import REDUCE_STEP_BYTES
 
     comm = topology.comm
-    rows = 64 * max(1, comm.Get_size())
+    rows = 64 * max(16, comm.Get_size())
     # 16 ids 5 apart: every residue mod P <= 16, so every partition and owner gets a
-    # request (as in a real step)
-    ids = (np.arange(16, dtype=np.int64) * 5 + max(0, topology.worker_index)) % rows
+    # request (as in a real step); ROWS_PER_CALL of them for the cost per row
+    offset = max(0, topology.worker_index)
+    ids = (np.arange(16, dtype=np.int64) * 5 + offset) % rows
     values = np.ones((16, dim), np.float32)
+    many = np.unique((np.arange(ROWS_PER_CALL, dtype=np.int64) * 5 + offset) % rows)
+    many_values = np.ones((len(many), dim), np.float32)
     specs = [SparseVariableSpec(f"calibrate_{i}", rows=rows, dim=dim) for i in range(max(counts))]
     keys = [s.name for s in specs]
     specs.append(SparseVariableSpec("calibrate_partitioned", rows=rows, dim=dim,
@@ -172,11 +182,18 @@ def measure_operations(topology, counts=(1, 8), repeats: int = 15, dim: int = 16
         return comm.bcast(None, root=topology.worker_ranks[0])
     ps.register(specs)
 
-    def pull(names):
+    def pull(names, ids=ids):
         return lambda: ps.pull_unique_many({n: ids for n in names})
 
-    def push(names):
+    def push(names, ids=ids, values=values):
         return lambda: ps.push_many({n: SparseGrad(ids, values, rows) for n in names})
+
+    def gather_push(names, ids=ids, values=values):
+        return lambda: push_many({n: tables[n] for n in names},
+                                 {n: SparseGrad(ids, values, rows) for n in names})
+
+    def replica_pull(names, ids=ids):
+        return lambda: [tables[n].pull_unique(ids) for n in names]
 
     def set_aggregation(enabled):
         return lambda: [ps.set_local_aggregation(n, enabled) for n in keys]
@@ -187,34 +204,42 @@ def measure_operations(topology, counts=(1, 8), repeats: int = 15, dim: int = 16
                for k in counts}
     grads = {f"w{i}": np.ones(16, np.float32) for i in range(max(counts))}
     vector = np.zeros(REDUCE_STEP_BYTES // 8, np.float64)
-    # (operation, setup before it, call for k tables)
+    # (operation, setup before it, call for k tables, call for one table and many rows
+    # or None: an operation whose cost does not grow with the rows it moves)
     operations = [
-        ("ps_pull", set_aggregation(True), lambda k: pull(keys[:k])),
-        ("ps_push", None, lambda k: push(keys[:k])),
-        ("ps_pull_no_aggregation", set_aggregation(False), lambda k: pull(keys[:k])),
-        ("ps_push_no_aggregation", None, lambda k: push(keys[:k])),
-        ("allgather_push", None, lambda k: lambda: push_many(
-            {n: tables[n] for n in keys[:k]},
-            {n: SparseGrad(ids, values, rows) for n in keys[:k]})),
+        ("ps_pull", set_aggregation(True), lambda k: pull(keys[:k]),
+         pull(keys[:1], many)),
+        ("ps_push", None, lambda k: push(keys[:k]), push(keys[:1], many, many_values)),
+        ("ps_pull_no_aggregation", set_aggregation(False), lambda k: pull(keys[:k]),
+         pull(keys[:1], many)),
+        ("ps_push_no_aggregation", None, lambda k: push(keys[:k]),
+         push(keys[:1], many, many_values)),
+        ("allgather_push", None, lambda k: gather_push(keys[:k]),
+         gather_push(keys[:1], many, many_values)),
         ("allreduce_push", None, lambda k: lambda: push_many(
             {n: densified[n] for n in keys[:k]},
-            {n: SparseGrad(ids, values, rows) for n in keys[:k]})),
-        ("replica_pull", None, lambda k: lambda: [tables[n].pull_unique(ids)
-                                                  for n in keys[:k]]),
+            {n: SparseGrad(ids, values, rows) for n in keys[:k]}), None),
+        ("replica_pull", None, lambda k: replica_pull(keys[:k]),
+         replica_pull(keys[:1], many)),
         ("dense_allreduce", None, lambda k: lambda: engines[k].allreduce(
-            {f"w{i}": grads[f"w{i}"] for i in range(k)})),
-        ("control", None, lambda k: lambda: topology.workers.Allreduce(MPI.IN_PLACE, vector)),
+            {f"w{i}": grads[f"w{i}"] for i in range(k)}), None),
+        ("control", None, lambda k: lambda: topology.workers.Allreduce(MPI.IN_PLACE, vector),
+         None),
     ]
-    times = {(name, k): [] for name, _, _ in operations for k in counts}
-    calls = {(name, k): make(k) for name, _, make in operations for k in counts}
+    variants = list(counts) + ["rows"]
+    calls = {(name, k): make(k) for name, _, make, _ in operations for k in counts}
+    calls.update({(name, "rows"): big for name, _, _, big in operations if big is not None})
+    times = {key: [] for key in calls}
     topology.workers.Barrier()
     for repeat in range(repeats + 1):  # the first is a warm-up
-        for k in counts:
+        for k in variants:
             # one after the other as in a step (no barrier): each call pays the
             # hand-off from the one before, with ranks arriving as they come
-            for name, setup, _ in operations:
+            for name, setup, _, _ in operations:
                 if setup is not None:
                     setup()
+                if (name, k) not in calls:
+                    continue
                 start = time.perf_counter()
                 calls[(name, k)]()
                 if repeat:
@@ -246,10 +271,14 @@ def measure_operations(topology, counts=(1, 8), repeats: int = 15, dim: int = 16
     n = topology.workers.Get_size()
     out = {}
     k0, k1 = counts[0], counts[-1]
-    for name, _, _ in operations:
+    extra_rows = len(many) - len(ids)
+    for name, _, _, _ in operations:
         t0, t1 = means[(name, k0)] / n, means[(name, k1)] / n
         per = max((t1 - t0) / (k1 - k0), 0.0) if name != "control" else 0.0
-        out[name] = {"call_s": max(t0 - per * k0, 0.0), "per_variable_s": per}
+        per_row = (max((means[(name, "rows")] / n - t0) / extra_rows, 0.0)
+                   if (name, "rows") in means and k0 == 1 and extra_rows > 0 else 0.0)
+        out[name] = {"call_s": max(t0 - per * k0 - per_row * len(ids), 0.0),
+                     "per_variable_s": per, "per_row_s": per_row}
     extra = [(means[("partitioned", op)] - means[("default", op)]) / n
              for op in ("pull", "push")]
     out["per_partition"] = {"call_s": max(float(np.mean(extra)) / extra_parts, 0.0)

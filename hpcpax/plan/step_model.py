@@ -245,9 +245,12 @@ def predict_step(layout: Layout, links, params, routings: dict, dense_bytes=(),
     gathered = [r for r in routings.values() if r.method == "allgather"]
     densified = [r for r in routings.values() if r.method == "allreduce"]
     # pull: ids deduplicated, then the PS tables in one exchange; replicas read locally
+    def rows_of(group):  # the most ids a worker moves over these variables
+        return max((sum(float(r.unique[w]) for r in group) for w in workers), default=0.0)
+
     if on_ps:
         pred.charge("pull", "software", params.overhead(_ps_operation(params, "ps_pull", on_ps),
-                                                        len(on_ps)))
+                                                        len(on_ps), rows_of(on_ps)))
         pred.charge("pull", "client kernels",
                     max(sum(params.kernel("unique", r.raw[w]) for r in on_ps) for w in workers))
         _ps_exchange(pred, "pull", layout, links, params, on_ps, lambda r: INDEX_BYTES,
@@ -255,7 +258,8 @@ def predict_step(layout: Layout, links, params, routings: dict, dense_bytes=(),
                      lambda r, rows: params.kernel("unique", rows), back=lambda r: r.row_bytes)
     replicas = gathered + densified
     if replicas:  # each replica read locally: its fixed cost, then its kernels
-        pred.charge("pull", "software", params.overhead("replica_pull", len(replicas)))
+        pred.charge("pull", "software", params.overhead("replica_pull", len(replicas),
+                                                        rows_of(replicas)))
         pred.charge("pull", "client kernels", max(
             sum(params.kernel("unique", r.raw[w]) + params.kernel("gather", r.unique[w]
                                                                   * r.row_bytes)
@@ -269,10 +273,12 @@ def predict_step(layout: Layout, links, params, routings: dict, dense_bytes=(),
     # it); a calibration that measured only the allgather push charges that for both
     separate = bool(params.software) and "allreduce_push" in params.software
     if separate:
-        pred.charge("push", "software", params.overhead("allgather_push", len(gathered)))
+        pred.charge("push", "software", params.overhead("allgather_push", len(gathered),
+                                                        rows_of(gathered)))
         pred.charge("push", "software", params.overhead("allreduce_push", len(densified)))
     elif replicas:
-        pred.charge("push", "software", params.overhead("allgather_push", len(replicas)))
+        pred.charge("push", "software", params.overhead("allgather_push", len(replicas),
+                                                        rows_of(gathered)))
     if gathered:
         record = [r.unique[workers] * (INDEX_BYTES + r.row_bytes) for r in gathered]
         pred.hand_off("push")
@@ -302,7 +308,7 @@ def predict_step(layout: Layout, links, params, routings: dict, dense_bytes=(),
                     + params.kernel("apply", distinct * r.row_bytes))
 
         pred.charge("push", "software", params.overhead(_ps_operation(params, "ps_push", on_ps),
-                                                        len(on_ps)))
+                                                        len(on_ps), rows_of(on_ps)))
         _ps_exchange(pred, "push", layout, links, params, on_ps,
                      lambda r: INDEX_BYTES + r.row_bytes, apply_work, share,
                      lambda r, rows: params.kernel("dedup", rows * r.row_bytes))

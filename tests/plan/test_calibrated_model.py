@@ -280,3 +280,17 @@ def test_densified_and_allgathered_tables_pay_their_own_push_cost():
     # MPICH's Allreduce on 2 ranks: the table (32 floats) reduce-scatter + allgather, 2
     # rounds; its row mask (8 bytes) recursive doubling, 1 round
     assert older.phases["push"] == pytest.approx(7e-4 + 1e-4 + 3 * A)
+
+
+def test_operations_pay_per_row_of_the_busiest_worker():
+    """``per_row_s`` (measured with many ids against 16) is charged for the most ids a
+    worker moves: here 2 unique ids on each worker, one variable."""
+    layout = Layout.from_shape(1, 2, 0)
+    per_row = {**SOFTWARE, "ps_pull_no_aggregation": {"call_s": 5e-4, "per_variable_s": 1e-4,
+                                                      "per_row_s": 1e-5}}
+    job = predict_step(layout, FAST, CostParams(software=per_row, software_scope="job"),
+                       {"t": _ps_routing(layout)}, include_control=False)
+    assert job.phases["pull"] == pytest.approx(5e-4 + 1e-4 + 2 * 1e-5)
+    assert CostParams(software=per_row).overhead("ps_pull_no_aggregation", 3, 10) == \
+        pytest.approx(5e-4 + 3 * 1e-4 + 10 * 1e-5)
+    assert CostParams(software=SOFTWARE).overhead("ps_pull", 1, 1000) == pytest.approx(1.2e-3)
