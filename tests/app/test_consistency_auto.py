@@ -81,9 +81,13 @@ def test_switches_to_ssp0_and_back_keep_bsp_parameters(comm, tmp_path, monkeypat
 def test_persistent_straggler_gets_balanced_bsp(comm, tmp_path, monkeypatch):
     """A 30x straggler (of this tiny model's small compute): auto (measured decisions)
     moves to balanced BSP, giving the slow worker a smaller share; with no relaxed
-    segment the run is plain BSP's (the lockstep trial of ssp:1, which this tiny
-    oversubscribed job would make, is switched off: tests/plan/test_adaptive.py)."""
+    segment the run is plain BSP's. The relaxed rules are switched off (they are
+    tested on recorded traces in tests/plan/test_adaptive.py): the lockstep trial,
+    which this tiny oversubscribed job would make, and the transient-stall rule,
+    which the straggler's 30x amplified jitter in a 3-step segment set off in 1 of
+    4 CI runs."""
     monkeypatch.setattr(adaptive, "WAIT_TRIAL", 2.0)
+    monkeypatch.setattr(adaptive, "MIN_STALL_FRACTION", 2.0)  # a fraction never reaches it
     run_dir = shared_dir(comm, tmp_path, "straggler")
     last = comm.Get_size() - 1
     auto = run(comm, run_dir=run_dir, consistency="auto", auto_segment=4, steps=16,
