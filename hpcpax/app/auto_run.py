@@ -249,10 +249,8 @@ class AutoRun:
             gathered = channel.collect(boundary, block, waiting)
             if gathered is None:
                 return
-            losses = _losses(gathered)
             policy = copy.deepcopy(self.policy)  # in force only from its step, like elsewhere
-            decision = None if t.stopped else self._policy_decide(
-                policy, boundary, gathered, [x for _, x in losses], [s for s, _ in losses])
+            decision = None if t.stopped else self._policy_decide(policy, boundary, gathered)
             effective = boundary + self.phase_staleness + LEAD
             if decision is not None:
                 decision["applies_from"] = effective
@@ -317,13 +315,20 @@ class AutoRun:
         self._apply(state, decision)
 
     @staticmethod
-    def _policy_decide(policy, last, gathered, losses, loss_steps):
+    def _policy_decide(policy, last, gathered, losses=None, loss_steps=None):
         """First worker: ``policy.decide`` on every worker's figures (None when fewer
-        than two steps are common to all)."""
+        than two steps are common to all). Without ``losses`` (a relaxed segment) each
+        step's loss is the workers' losses averaged over their samples, as the relaxed
+        metrics lines do."""
         steps = sorted(set.intersection(*[{f[0] for f in g} for g in gathered]))
         if len(steps) < 2:
             return None
         by_step = [{f[0]: f for f in g} for g in gathered]
+        if losses is None:
+            rows = [[w[step] for w in by_step] for step in steps]
+            losses = [sum(r[4] * r[2] for r in row) / max(sum(r[2] for r in row), 1)
+                      for row in rows]
+            loss_steps = steps
         table = np.array([[by_step[w][s][1:4] for w in range(len(gathered))]
                           for s in steps], np.float64)
         # steady state: each worker's samples over its step seconds, summed
@@ -348,15 +353,3 @@ class AutoRun:
         t.log(f"auto: step {decision['step']}: {decision['from']} -> {decision['to']}"
               f"{since}: {decision['reason']}", important=True)
 
-
-def _losses(gathered) -> list:
-    """``[(step, loss)]`` of a relaxed segment: each step's loss averaged over the workers'
-    samples (as the relaxed metrics lines do), steps every worker ran."""
-    steps = sorted(set.intersection(*[{f[0] for f in g} for g in gathered]))
-    by_step = [{f[0]: f for f in g} for g in gathered]
-    out = []
-    for step in steps:
-        rows = [w[step] for w in by_step]
-        samples = sum(r[2] for r in rows)
-        out.append((step, sum(r[4] * r[2] for r in rows) / max(samples, 1)))
-    return out
