@@ -37,7 +37,9 @@ The rules (constants below), first match wins. From ``bsp``/``balanced``:
    it is fixed per step (a line fit ``fixed + share x seconds`` over shares
    that differ little extrapolated wildly on a noisy node); workers that are
    not slower count as equally fast (``_equal_fast``), so noise between
-   them does not move samples either;
+   them does not move samples either; a correction of shares already
+   uneven moves no share by more than ``SHARE_TRUST`` of it (:func:`trusted`:
+   a bounded step, so one noisy segment cannot halve a worker's share);
 3. ``balanced`` but no worker persistently slower any more (the ratio of
    rule 2 below ``PERSISTENT_EXIT``: a hysteresis, so a ratio hovering
    near ``PERSISTENT_RATIO`` does not flip the shares) -> ``bsp``;
@@ -58,8 +60,9 @@ From ``ssp:S`` (a relaxed segment):
    persistent slowness (the fast workers reach the bound and wait), shares
    can -> ``ssp:S`` with shares proportional to speed (the relaxed steps
    read each worker's share of the global batch and weight its gradient by
-   it, as balanced BSP does); balanced shares but no worker persistently
-   slower any more -> even shares;
+   it, as balanced BSP does; one segment suffices when the worker was the
+   slowest in most of its steps, as for a trial); balanced shares but no
+   worker persistently slower any more -> even shares;
 7. a trial that paid stays, at its ``S`` (stall lengths measured on an
    oversubscribed or noisy node vary from segment to segment; each change of
    ``S`` is a phase boundary);
@@ -68,8 +71,10 @@ From ``ssp:S`` (a relaxed segment):
 
 After a step back under rule 5 no relaxed mode is tried (rules 1 and 3) for
 ``COOLDOWN`` segments (doubling with each failure). A segment that keeps
-the mode doubles the next segment's length (up to ``max_segment``); a
-change resets it.
+the mode doubles the next segment's length (up to ``max_segment``), unless
+it saw a worker slower (rule 2's ratio) for the first time under even
+shares: the next segment, which decides whether that is persistent, keeps
+the length; a change resets it.
 """
 
 from __future__ import annotations
@@ -80,11 +85,12 @@ import numpy as np
 
 from .shares import balanced_shares, even_shares, relative_gain, step_work
 
-__all__ = ["analyze", "loss_figures", "guard", "AutoPolicy", "PERSISTENT_RATIO",
+__all__ = ["analyze", "loss_figures", "expected_fall", "guard", "AutoPolicy", "PERSISTENT_RATIO",
            "PERSISTENT_EXIT",
            "STALL_FACTOR", "MIN_STALL_FRACTION", "MIN_GAIN", "MAX_STALENESS",
            "GUARD_RISE", "GUARD_RATE", "COOLDOWN", "WAIT_TRIAL",
-           "TRIAL_STALENESS", "HISTORY", "CONSISTENTLY_SLOWEST", "CONSISTENT_STEPS"]
+           "TRIAL_STALENESS", "HISTORY", "CONSISTENTLY_SLOWEST", "CONSISTENT_STEPS",
+           "SHARE_TRUST", "trusted"]
 
 PERSISTENT_RATIO = 1.25  # slowest worker's typical seconds per sample / the fastest's
 PERSISTENT_EXIT = 1.1    # ... below which balanced shares go back to even (hysteresis)
@@ -100,6 +106,7 @@ TRIAL_STALENESS = 2      # the staleness of that trial
 HISTORY = 6              # segments whose speeds the shares come from (newest)
 CONSISTENTLY_SLOWEST = 0.8  # ... of a segment's steps: persistent within it (for a trial)
 CONSISTENT_STEPS = 8     # ... of at least this many measured steps (4 of 4 happen by chance)
+SHARE_TRUST = 0.25       # a correction of uneven shares moves no share by more than this
 
 
 def analyze(work, batch, seconds) -> dict:
@@ -167,7 +174,8 @@ def analyze(work, batch, seconds) -> dict:
 
 
 def loss_figures(steps, losses) -> dict | None:
-    """``{mean, slope (per step), noise (std error of the mean), mid (step)}`` of a segment."""
+    """``{mean, slope (per step), noise (std error of the mean), mid (step), n}`` of a
+    segment."""
     steps = np.asarray(steps, np.float64)
     losses = np.asarray(losses, np.float64)
     keep = np.isfinite(losses)
@@ -183,6 +191,25 @@ def loss_figures(steps, losses) -> dict | None:
     return {"mean": mean, "slope": float(slope), "noise": noise, "mid": mid, "n": len(losses)}
 
 
+def expected_fall(bsp, start, end) -> float:
+    """The loss change (negative: a fall) BSP's trajectory promises from step ``start``
+    to ``end``, from the BSP segment ``bsp`` (:func:`loss_figures`).
+
+    SGD's excess loss falls roughly as ``1 / t`` (the convex rate), so its slope
+    falls as ``1 / t^2``: ``bsp.slope x (bsp.mid + 1)^2 x (1 / (start + 1) - 1 /
+    (end + 1))`` (steps counted from 0), and no more than the slope carried
+    over ``bsp.n`` steps. A rate taken at a run's steep first steps and
+    carried on unchanged promised 5-10 times the fall BSP itself achieved
+    later (measured on ``benchmarks/stragglers.py``'s model), and sent
+    relaxed segments that trained well back to BSP.
+    """
+    slope, at = bsp["slope"], bsp["mid"] + 1.0
+    start, end = max(float(start), bsp["mid"]) + 1.0, max(float(end), bsp["mid"]) + 1.0
+    flattening = slope * at * at * (1.0 / start - 1.0 / end)
+    linear = slope * min(end - start, bsp.get("n", 1))
+    return max(flattening, linear) if slope < 0 else min(flattening, linear)
+
+
 def guard(bsp, previous, current) -> str | None:
     """Why a relaxed segment must go back to BSP (None: it may go on).
 
@@ -194,12 +221,11 @@ def guard(bsp, previous, current) -> str | None:
 
     The rule: with ``noise`` the combined standard error of the two means,
     the loss *diverges* when ``current.mean > previous.mean + max(GUARD_RISE x
-    previous.mean, 3 x noise)``; it *stalls* when BSP's rate promised a
-    measurable fall over the distance between the two segments, extrapolated
-    no further than the BSP segment's own length, since loss curves flatten
-    (``expected = bsp.slope x min(current.mid - previous.mid, bsp.n) < -3 x
-    noise``), and the fall achieved is below ``GUARD_RATE x |expected| - 2 x
-    noise``.
+    previous.mean, 3 x noise)``; it *stalls* when BSP's trajectory promised a
+    measurable fall between the two segments (``expected =``
+    :func:`expected_fall` ``(bsp, previous.mid, current.mid) < -3 x noise``:
+    BSP's rate, flattening as ``1 / t^2``) and the fall achieved is below
+    ``GUARD_RATE x |expected| - 2 x noise``.
     """
     if not (bsp and previous and current):
         return None
@@ -208,12 +234,25 @@ def guard(bsp, previous, current) -> str | None:
     if rise > max(GUARD_RISE * abs(previous["mean"]), 3 * noise):
         return (f"loss diverges: {previous['mean']:.4f} -> {current['mean']:.4f} "
                 f"(+{100 * rise / abs(previous['mean']):.1f} %)")
-    # a loss curve flattens: BSP's rate is extrapolated no further than its own segment
-    expected = bsp["slope"] * min(current["mid"] - previous["mid"], bsp.get("n", 1))
+    expected = expected_fall(bsp, previous["mid"], current["mid"])
     if expected < -3 * noise and -rise < GUARD_RATE * -expected - 2 * noise:
-        return (f"loss stalls: fell {-rise:.4f} where BSP's rate ({bsp['slope']:.2e}/step) "
-                f"gives {-expected:.4f}")
+        return (f"loss stalls: fell {-rise:.4f} where BSP's trajectory (rate "
+                f"{bsp['slope']:.2e}/step at step {bsp['mid']:.0f}) gives {-expected:.4f}")
     return None
+
+
+def trusted(current, proposed, trust) -> list:
+    """``proposed`` shares, the move from ``current`` scaled down (the same fraction for
+    every worker) so that no share changes by more than ``trust`` x its current value;
+    integer shares with ``proposed``'s sum (floored, the samples left over going to the
+    largest remainders, ties to the lower worker)."""
+    scale = min([1.0] + [trust * c / abs(p - c) for c, p in zip(current, proposed) if p != c])
+    target = [c + scale * (p - c) for c, p in zip(current, proposed)]
+    shares = [int(math.floor(t)) for t in target]
+    order = sorted(range(len(target)), key=lambda w: (shares[w] - target[w], w))
+    for w in order[:sum(proposed) - sum(shares)]:
+        shares[w] += 1
+    return shares
 
 
 class AutoPolicy:
@@ -276,6 +315,7 @@ class AutoPolicy:
         seen = [family, [int(x) for x in np.median(np.asarray(batch), axis=0)],
                 [float(x) for x in np.median(np.asarray(work), axis=0)]]
         self.observed = [o for o in self.observed if o[0] == family][-(HISTORY - 1):] + [seen]
+        seen_slow = self.slow_worker
         if self.mode == "ssp":
             change = self._from_relaxed(figures, loss, samples_per_s)
         else:
@@ -283,7 +323,10 @@ class AutoPolicy:
             change = self._from_bsp(figures)
         self.previous_loss = loss
         if change is None:
-            self.segment = min(self.max_segment, 2 * self.segment)
+            # the length doubles, but not after a worker was seen slower for the first
+            # time under even shares: the next segment, deciding if it persists, keeps it
+            if self.slow_worker in (None, seen_slow) or self.uneven:
+                self.segment = min(self.max_segment, 2 * self.segment)
             return None
         mode, staleness, shares, reason = change
         before = self.consistency
@@ -305,15 +348,16 @@ class AutoPolicy:
         self.failures += 1
         self.cooldown_until = self.segments + 1 + COOLDOWN * 2 ** (self.failures - 1)
 
-    def _persistent(self, figures, trial=False):
-        """``(shares, reason)`` when balancing pays (rule 2), else None; for a ``trial``
-        (rule 1) one segment suffices when the worker was the slowest in most of its
-        steps (``CONSISTENTLY_SLOWEST``): the trial is measured anyway."""
+    def _persistent(self, figures, at_once=False):
+        """``(shares, reason)`` when balancing pays (rule 2), else None; ``at_once`` (for
+        a trial, rule 1: it is measured anyway; and under ``ssp``, rule 6: the fast
+        workers wait at the staleness bound from the first step) one segment suffices
+        when the worker was the slowest in most of its steps (``CONSISTENTLY_SLOWEST``)."""
         times = figures["per_sample"]
         slow, seen = int(np.argmax(times)), self.slow_worker
         threshold = PERSISTENT_EXIT if self.uneven else PERSISTENT_RATIO
         self.slow_worker = slow if figures["persistent_ratio"] >= threshold else None
-        within = (trial and figures["slowest_fraction"] >= CONSISTENTLY_SLOWEST
+        within = (at_once and figures["slowest_fraction"] >= CONSISTENTLY_SLOWEST
                   and figures["steps"] >= CONSISTENT_STEPS)
         if self.slow_worker is None or (not self.uneven and seen != slow and not within):
             return None  # slower in one segment only: not yet persistent
@@ -325,6 +369,8 @@ class AutoPolicy:
                                                         for o in regime]))
                                        for w in range(self.workers)])
         proposed = balanced_shares(per_sample, self.global_batch)
+        if self.uneven and SHARE_TRUST:
+            proposed = trusted(self.shares, proposed, SHARE_TRUST)
         work = step_work(self.shares, per_sample)
         gain = relative_gain(self.shares, proposed, per_sample) * work / max(
             figures["step_seconds"], 1e-12)
@@ -337,11 +383,18 @@ class AutoPolicy:
     def _equal_fast(self, per_sample) -> list:
         """Speeds with the workers that are not slower counted as equally fast (their
         median): only a slower worker's share moves, not noise between fast ones. A
-        worker is slower at ``PERSISTENT_RATIO`` x the fastest's seconds per sample, or
-        at ``PERSISTENT_EXIT`` x while its share is below an even one (hysteresis)."""
-        fastest = min(per_sample)
+        worker is slower at ``PERSISTENT_RATIO`` x the reference seconds per sample, the
+        median of the faster half of the workers (the fastest alone is the minimum of
+        noisy figures: biased low, it made a fast worker count slower); the slowest one
+        also at ``PERSISTENT_EXIT`` x while its share is below an even one
+        (hysteresis). The hysteresis is the slowest worker's only: a fast worker whose
+        share noise once cut shows a larger fixed cost per sample at its smaller share,
+        and at ``PERSISTENT_EXIT`` that alone kept it counted slower."""
+        slowest = int(np.argmax(per_sample))
+        reference = float(np.median(sorted(per_sample)[:(len(per_sample) + 1) // 2]))
         even = even_shares(self.global_batch, self.workers)
-        slower = [t >= (PERSISTENT_EXIT if share < even[w] else PERSISTENT_RATIO) * fastest
+        slower = [t >= (PERSISTENT_EXIT if w == slowest and share < even[w]
+                        else PERSISTENT_RATIO) * reference
                   for w, (t, share) in enumerate(zip(per_sample, self.shares))]
         fast = float(np.median([t for t, s in zip(per_sample, slower) if not s]))
         return [t if s else fast for t, s in zip(per_sample, slower)]
@@ -364,7 +417,7 @@ class AutoPolicy:
     def _from_bsp(self, figures):
         if self._lockstep(figures):
             self.trial = [self.mode, list(self.shares)]
-            balanced = self._persistent(figures, trial=True)  # tracks the slowest worker too
+            balanced = self._persistent(figures, at_once=True)  # tracks the slowest worker too
             shares = balanced[0] if balanced is not None else list(self.shares)
             staleness = TRIAL_STALENESS
             if self._stalls(figures):
@@ -407,7 +460,7 @@ class AutoPolicy:
         if self.bsp_rate is not None and samples_per_s < needed * self.bsp_rate:
             return self._back(f"ssp:{self.staleness} ran {samples_per_s:,.0f} samples/s, "
                               f"bsp {self.bsp_rate:,.0f}: no gain")
-        balanced = self._persistent(figures)
+        balanced = self._persistent(figures, at_once=True)
         if balanced is not None:  # rule 6
             shares, reason = balanced
             return "ssp", self.staleness, shares, reason + f" (under ssp:{self.staleness})"

@@ -5,9 +5,9 @@ import pytest
 
 from hpcpax.plan.adaptive import (CONSISTENT_STEPS, CONSISTENTLY_SLOWEST, COOLDOWN,
                                   MAX_STALENESS, PERSISTENT_EXIT, PERSISTENT_RATIO,
-                                  TRIAL_STALENESS, WAIT_TRIAL,
+                                  SHARE_TRUST, TRIAL_STALENESS, WAIT_TRIAL,
                                   AutoPolicy, analyze,
-                                  guard, loss_figures)
+                                  expected_fall, guard, loss_figures, trusted)
 
 WORKERS, BATCH = 3, 12
 
@@ -72,6 +72,7 @@ def test_persistent_straggler_chooses_balanced_bsp():
     policy = AutoPolicy(WORKERS, BATCH, segment=40)
     slow = (1e-3, 1e-3, 2e-3)
     assert decide(policy, 40, trace(per_sample=slow)) is None  # one segment: not persistent
+    assert policy.segment == 40  # the segment deciding whether it persists is not doubled
     decision = decide(policy, 80, trace(per_sample=slow, seed=5))
     assert decision["to"] == "balanced" and policy.shares == [5, 5, 2]
     assert "worker 2" in decision["reason"]
@@ -129,17 +130,39 @@ def test_guard_diverging_and_stalling_loss():
     # 5 % above the previous segment: diverges
     up = loss_figures(list(range(81, 121)), [previous["mean"] * 1.05] * 40)
     assert guard(bsp, previous, up).startswith("loss diverges")
-    # flat where BSP fell 0.4 over the same distance: stalls
-    flat = loss_figures(list(range(81, 121)), [previous["mean"] - 0.01] * 40)
+    # BSP's rate flattening as 1/t^2 gives 0.01 x 21.5^2 x (1/61.5 - 1/101.5) = 0.0296
+    assert expected_fall(bsp, previous["mid"], 100.5) == pytest.approx(
+        -0.01 * 21.5 ** 2 * (1 / 61.5 - 1 / 101.5), rel=0.05)
+    # flat (a fall of 0.002, 7 % of that): stalls; 0.01 (34 %): does not
+    flat = loss_figures(list(range(81, 121)), [previous["mean"] - 0.002] * 40)
     assert guard(bsp, previous, flat).startswith("loss stalls")
     assert guard(None, previous, flat) is None
-    # BSP's rate of a 10-step segment is extrapolated over 10 steps, not 100: a fall of
-    # 0.04 over 100 steps is 40 % of what 10 BSP steps (0.1) give, not a stall
-    short_bsp = loss_figures(*reversed(falling_losses(1, steps=10)))
-    later = loss_figures(list(range(101, 141)), [previous["mean"] - 0.04] * 40)
-    assert guard(short_bsp, previous, later) is None
-    assert guard(short_bsp, previous, loss_figures(list(range(101, 141)),
-                                                   [previous["mean"]] * 40)).startswith(
+    slower = loss_figures(list(range(81, 121)), [previous["mean"] - 0.01] * 40)
+    assert guard(bsp, previous, slower) is None
+
+
+def test_expected_fall_flattens_and_is_capped_by_the_linear_rate():
+    """Hand-computed: slope -0.1/step at step 9 (t = 10) of a 10-step BSP segment."""
+    bsp = {"mean": 5.0, "slope": -0.1, "noise": 0.0, "mid": 9.0, "n": 10}
+    # 1/t^2 from t = 20 to 40: -0.1 x 100 x (1/20 - 1/40) = -0.25 (linear: -1.0 after 10)
+    assert expected_fall(bsp, 19, 39) == pytest.approx(-0.25)
+    # right after the segment the linear rate (-0.1 x 1) is the larger; 1/t^2 still wins
+    assert expected_fall(bsp, 9, 10) == pytest.approx(-0.1 * 100 * (1 / 10 - 1 / 11))
+    # a long way off: 1/t^2 from t = 10 to 1000 gives -0.99; for a 5-step segment the
+    # linear rate is capped at -0.5, the smaller fall
+    assert expected_fall(bsp, 9, 999) == pytest.approx(-0.99)
+    assert expected_fall({**bsp, "n": 5}, 9, 999) == pytest.approx(-0.5)
+    # a knee measured on benchmarks/stragglers.py: BSP's -0.175/step at step 20 (20 steps)
+    # carried on gave 3.49 between steps 89 and 132, where the relaxed loss fell 0.37 and
+    # BSP's own fell about 0.3; flattening gives 0.27: the relaxed segment did not stall
+    knee = {"mean": 7.44, "slope": -0.175, "noise": 0.04, "mid": 20.5, "n": 20}
+    previous = {"mean": 4.53, "slope": -0.02, "noise": 0.023, "mid": 89.0, "n": 39}
+    current = {"mean": 4.16, "slope": -0.005, "noise": 0.04, "mid": 132.0, "n": 37}
+    assert -expected_fall(knee, 89, 132) == pytest.approx(
+        0.175 * 21.5 ** 2 * (1 / 90 - 1 / 133), rel=1e-9)
+    assert guard(knee, previous, current) is None
+    # risen by 0.05 (not a divergence: under 3 x the noise) where 0.27 was due: stalls
+    assert guard(knee, previous, {**current, "mean": previous["mean"] + 0.05}).startswith(
         "loss stalls")
 
 
@@ -261,6 +284,41 @@ def test_noise_between_fast_workers_moves_no_samples():
     assert policy.shares[2] < shares[2]
 
 
+def test_fast_workers_30_percent_apart_are_equally_fast():
+    """Workers 0 and 1 differ by 30 % (beyond PERSISTENT_RATIO x the fastest): measured
+    against the faster half's median, neither counts slower; only worker 2's share
+    moves."""
+    policy = AutoPolicy(WORKERS, 120, segment=40)
+    uneven_fast = dict(per_sample=(1e-3, 1.3e-3, 2.6e-3), shares=(40, 40, 40))
+    assert 1.3 >= PERSISTENT_RATIO
+    decide(policy, 40, trace(**uneven_fast))
+    assert decide(policy, 80, trace(seed=1, **uneven_fast))["to"] == "balanced"
+    assert abs(policy.shares[0] - policy.shares[1]) <= 1 and policy.shares[2] < 30
+
+
+def test_trusted_bounds_a_correction_hand_computed():
+    # the slow worker's share 141 -> 69 is cut to 25 %: the whole move scaled by
+    # 0.25 x 141 / 72 = 0.4896: 331.63, 330.63, 105.75 -> floors 331, 330, 105 and the two
+    # samples left go to the largest remainders (worker 2, then worker 0 before 1)
+    assert trusted([314, 313, 141], [350, 349, 69], 0.25) == [332, 330, 106]
+    assert trusted([300, 300, 168], [310, 310, 148], 0.25) == [310, 310, 148]  # within
+    assert trusted([256, 256, 256], [256, 256, 256], 0.25) == [256, 256, 256]
+
+
+def test_a_correction_of_balanced_shares_moves_no_share_beyond_the_trust():
+    """Balanced shares in force, then one segment measures the slow worker 4x slower
+    per sample: its share falls by at most SHARE_TRUST, not to a quarter."""
+    policy = AutoPolicy(WORKERS, 120, segment=40)
+    slow = dict(per_sample=(1e-3, 1e-3, 2e-3), shares=(40, 40, 40))
+    decide(policy, 40, trace(**slow))
+    assert decide(policy, 80, trace(seed=1, **slow))["to"] == "balanced"
+    before = list(policy.shares)
+    slower = dict(per_sample=(1e-3, 1e-3, 8e-3), shares=tuple(before))
+    assert decide(policy, 120, trace(seed=2, **slower)) is not None
+    assert policy.shares[2] >= (1 - SHARE_TRUST) * before[2] - 1
+    assert policy.shares[2] < before[2] and sum(policy.shares) == 120
+
+
 def test_lockstep_trial_with_stalls_takes_the_stall_lengths():
     """Lockstep and long transient stalls at once: the trial's S comes from the stalls."""
     stalls = [(s, s % 3, 5.0, 3) for s in range(0, 40, 7)]
@@ -281,8 +339,9 @@ def test_persistent_straggler_under_ssp_gets_balanced_shares_and_loses_them():
     assert decide(policy, 40, trace(comm=10e-3))["to"] == f"ssp:{TRIAL_STALENESS}"
     fast = 1.5 * policy.bsp_rate
     slow = dict(per_sample=(1e-3, 1e-3, 2e-3))
-    assert decide(policy, 80, trace(seed=1, **slow), rate=fast) is None  # one segment
-    decision = decide(policy, 120, trace(seed=2, **slow), rate=fast)
+    # one segment suffices under ssp: worker 2 was the slowest in every one of its steps
+    assert analyze(*trace(seed=1, **slow))["slowest_fraction"] >= CONSISTENTLY_SLOWEST
+    decision = decide(policy, 80, trace(seed=1, **slow), rate=fast)
     assert decision["to"] == f"ssp:{TRIAL_STALENESS}+balanced" and policy.shares == [5, 5, 2]
     assert "worker 2" in decision["reason"] and policy.mode == "ssp"
     # the same slowness keeps the shares, and so does a ratio between PERSISTENT_EXIT and
