@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from ..options import options
+from .polling import idle_barrier
 
 __all__ = [
     "Fabric",
@@ -148,16 +149,8 @@ def _link(comm, node_of, want_same_node, budget_s):
         model = fit_link_model(*zip(*good)) if len(good) >= 2 else None
     else:
         model = None
-    _idle_barrier(comm)
+    idle_barrier(comm)
     return comm.bcast(model, root=0)
-
-
-def _idle_barrier(comm, nap_s=0.0005):
-    """Barrier that waits without spinning, so ranks left out of a ping-pong do not take
-    the cores of the pair being timed (more ranks than cores: the time would be theirs)."""
-    request = comm.Ibarrier()
-    while not request.Test():
-        time.sleep(nap_s)
 
 
 def _bucketed_allreduce(comm, buf, bucket_elems):
@@ -235,5 +228,6 @@ def measure_fabric(topology, budget_s=1.0) -> Fabric:
     bucket = None
     if topology.workers is not None:
         bucket = autotune_bucket_bytes(topology.workers, budget_s=0.3 * budget_s)
+    idle_barrier(comm)  # the servers wait for the workers' timing without spinning
     bucket = comm.bcast(bucket, root=topology.worker_ranks[0])
     return Fabric(intra=intra, inter=inter, allreduce_bucket_bytes=int(bucket))

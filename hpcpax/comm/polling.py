@@ -16,7 +16,7 @@ import time
 
 from ..options import options
 
-__all__ = ["Backoff", "wait_all"]
+__all__ = ["Backoff", "wait_all", "idle_barrier"]
 
 _SPINS = 20  # polls before the first sleep: most answers on one node come this fast
 _FIRST_SLEEP = 2e-5
@@ -29,22 +29,32 @@ class Backoff:
         cap: longest sleep in seconds (default ``hpcpax.options.poll_seconds``).
     """
 
-    def __init__(self, cap=None):
+    def __init__(self, cap=None, fraction=None):
         self.cap = float(options.poll_seconds if cap is None else cap)
+        self.fraction = None if fraction is None else float(fraction)
         self.reset()
 
     def reset(self) -> None:
         """Something arrived: poll eagerly again."""
         self._spins = 0
         self._sleep = _FIRST_SLEEP
+        self._since = None
 
     def pause(self) -> None:
-        """Nothing arrived: spin a little, then sleep (doubling up to the cap)."""
+        """Nothing arrived: spin a little, then sleep (doubling up to the cap; with a
+        ``fraction``, each sleep at most that fraction of the time waited so far, so the
+        latency it adds stays that fraction of the wait)."""
         if self._spins < _SPINS:
             self._spins += 1
+            if self._since is None:
+                self._since = time.perf_counter()
             return
+        if self.fraction is not None:
+            waited = time.perf_counter() - self._since
+            self._sleep = max(_FIRST_SLEEP, self.fraction * waited)
         time.sleep(min(self._sleep, self.cap))
-        self._sleep = min(self._sleep * 2.0, self.cap)
+        if self.fraction is None:
+            self._sleep = min(self._sleep * 2.0, self.cap)
 
 
 def wait_all(requests, while_waiting=None, backoff=None) -> None:
@@ -65,3 +75,12 @@ def wait_all(requests, while_waiting=None, backoff=None) -> None:
         if while_waiting is not None:
             while_waiting()
         backoff.pause()
+
+
+def idle_barrier(comm, nap_s=0.0005) -> None:
+    """A barrier that waits without spinning (``Ibarrier`` polled with naps): for ranks
+    with nothing to do while others time something, so that on a host with more ranks
+    than cores they do not take the cores of the ranks being timed."""
+    request = comm.Ibarrier()
+    while not request.Test():
+        time.sleep(nap_s)

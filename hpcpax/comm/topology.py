@@ -14,6 +14,7 @@ same code path, so a script runs unchanged from a laptop to many nodes.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -55,6 +56,8 @@ class Topology:
         node_workers: the workers of this node (None on servers).
         node_leaders: the first worker of each node (None elsewhere).
         accounting: this rank's :class:`~hpcpax.comm.accounting.Accounting`.
+        oversubscribed: this host runs more of the job's ranks than the cores
+            they may use together (the union of their CPU affinities).
     """
 
     comm: object
@@ -74,6 +77,7 @@ class Topology:
     node_workers: object = None
     node_leaders: object = None
     accounting: Accounting = field(default=None, repr=False)
+    oversubscribed: bool = False
 
     @property
     def is_server(self) -> bool:
@@ -130,11 +134,20 @@ def _node_ids(comm, ranks_per_node):
     shared = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
     local, physical_size = shared.Get_rank(), shared.Get_size()
     leader_world = shared.bcast(comm.Get_rank(), root=0)
+    cores = set().union(*shared.allgather(_affinity()))
     shared.Free()
     virtual = local // ranks_per_node if ranks_per_node else 0
     keys = comm.allgather((leader_world, virtual))
     order = {k: i for i, k in enumerate(sorted(set(keys)))}
-    return np.array([order[k] for k in keys], np.int64), physical_size
+    return (np.array([order[k] for k in keys], np.int64), physical_size,
+            physical_size > len(cores))
+
+
+def _affinity() -> list:
+    """The cores this process may run on."""
+    if hasattr(os, "sched_getaffinity"):
+        return sorted(os.sched_getaffinity(0))
+    return list(range(os.cpu_count() or 1))
 
 
 def init(ranks_per_node: int | None = None, servers_per_node: int | None = None,
@@ -183,7 +196,7 @@ def init(ranks_per_node: int | None = None, servers_per_node: int | None = None,
     if not isinstance(servers_per_node, (int, np.integer)) or servers_per_node < 0:
         raise ConfigError(f"servers_per_node must be an int >= 0, not {servers_per_node!r}")
 
-    node_of, ranks_on_host = _node_ids(comm, ranks_per_node)
+    node_of, ranks_on_host, oversubscribed = _node_ids(comm, ranks_per_node)
     limit_threads(ranks_on_host)
     node = int(node_of[rank])
     on_node = [r for r in range(size) if node_of[r] == node]
@@ -223,5 +236,5 @@ def init(ranks_per_node: int | None = None, servers_per_node: int | None = None,
         local_rank=local_rank, local_size=local_size, role=role, node_of=node_of,
         server_ranks=server_ranks, worker_ranks=worker_ranks, node_comm=node_comm,
         workers=workers, servers=servers, node_workers=node_workers, node_leaders=leaders,
-        accounting=Accounting(node_of, rank),
+        accounting=Accounting(node_of, rank), oversubscribed=bool(oversubscribed),
     )

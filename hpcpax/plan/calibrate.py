@@ -35,6 +35,7 @@ import time
 
 import numpy as np
 
+from ..comm.polling import idle_barrier
 from .operation_costs import measure_operations, measure_software
 
 __all__ = ["calibrate", "evict_caches", "fit_relative", "private_cache_bytes",
@@ -107,7 +108,7 @@ def measure_allreduce(comm, sizes=ALLREDUCE_SIZES, repeats: int = 9,
     return {"latency_s": latency, "bandwidth_Bps": bandwidth}
 
 
-def measure_handoff(comm, work_s=HANDOFF_WORK_S, repeats: int = 60) -> dict:
+def measure_handoff(comm, work_s=HANDOFF_WORK_S, repeats: int = 60, topology=None) -> dict:
     """What a step pays each time local work hands over to a collective; **collective**.
 
     One rank keeps its core busy for ``w`` seconds while the others wait in
@@ -117,9 +118,17 @@ def measure_handoff(comm, work_s=HANDOFF_WORK_S, repeats: int = 60) -> dict:
     ``extra = handoff_s + handoff_per_work * w``. With no more ranks than
     free cores both are near 0; with more, a waiting rank that MPI keeps
     polling holds a core the working rank needs, and the extra grows with
-    the work (means, not medians: the delays are what a step pays).
+    the work (means, not medians: the delays are what a step pays). With a
+    ``topology``, the ranks wait as in training: a server as it waits for the
+    workers' next operation (:func:`~hpcpax.ps.protocol.server_wait_cap`:
+    polling with backoff on an oversubscribed host), a worker inside MPI.
     """
     from mpi4py import MPI
+
+    from ..comm.polling import Backoff, wait_all
+    from ..ps.protocol import SERVER_POLL_FRACTION, server_wait_cap
+
+    cap = server_wait_cap(topology) if topology is not None and topology.is_server else 0.0
 
     mine = np.zeros(4, np.int64)
     everyone = np.zeros(4 * comm.Get_size(), np.int64)
@@ -133,7 +142,11 @@ def measure_handoff(comm, work_s=HANDOFF_WORK_S, repeats: int = 60) -> dict:
             if comm.Get_rank() == i % comm.Get_size():  # work changes hands, as in a step
                 while time.perf_counter() - start < work:
                     scratch.sum()
-            comm.Allgather(mine, everyone)
+            request = comm.Iallgather(mine, everyone)
+            if cap > 0:
+                wait_all([request], backoff=Backoff(cap, fraction=SERVER_POLL_FRACTION))
+            else:
+                request.Wait()
             if i >= 5:
                 times.append(time.perf_counter() - start)
         means.append(comm.allreduce(float(np.mean(times)), op=MPI.MAX))
@@ -147,7 +160,8 @@ def time_workers(topology, call, repeats: int = 5, warmup: int = 1,
                  between=None) -> float:
     """Median seconds of ``call()`` on the workers, all at once; **collective**.
 
-    Servers wait in a barrier meanwhile. ``between()``, when given, runs
+    Servers wait in a barrier meanwhile, without spinning
+    (:func:`~hpcpax.comm.polling.idle_barrier`). ``between()``, when given, runs
     before each timed call, untimed (e.g. :func:`evict_caches`: in a step
     the pull and push move other data between two computes). Every rank
     returns the median over workers of each worker's median.
@@ -166,7 +180,7 @@ def time_workers(topology, call, repeats: int = 5, warmup: int = 1,
             call()
             times.append(time.perf_counter() - start)
         mine = float(np.median(times))
-    comm.Barrier()
+    idle_barrier(comm)  # the servers wait without spinning (as for the next operation)
     values = [v for v in comm.allgather(mine) if v is not None]
     return float(np.median(values))
 
@@ -226,10 +240,11 @@ def calibrate(topology, fabric_seconds: float = 1.0, dim: int = 64) -> dict:
     for key, fresh in (("allreduce", False), ("allreduce_fresh", True)):
         measured = measure_allreduce(topology.workers, fresh=fresh) if topology.is_worker \
             else None
+        idle_barrier(comm)  # the servers wait for the workers' timing without spinning
         measured = comm.bcast(measured, root=topology.worker_ranks[0])
         if measured is not None and one_host:
             fabric[key] = measured
-    handoff = measure_handoff(comm)
+    handoff = measure_handoff(comm, topology=topology)
     comm.Barrier()
     mine = measure_kernel_rates(dim=dim, cache=False)
     everyone = comm.allgather(mine)

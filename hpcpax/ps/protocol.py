@@ -21,6 +21,8 @@ import time
 
 import numpy as np
 
+from ..comm.polling import Backoff, wait_all
+from ..options import options
 from ..comm.agreement import STATUS_NONFINITE, STATUS_OK, refuse_together, status_of
 from ..errors import MismatchError
 from .memory import MemoryBudgetError
@@ -39,6 +41,33 @@ MAX_BATCH = 62
 HEADER_INTS = 4  # op, variable index, status (see hpcpax.comm.agreement), argument
 #: Header status of a rank holding a deferred error (any rank, servers included).
 STATUS_DEFERRED = 99
+
+
+#: A waiting BSP server sleeps at most this fraction of the time it has waited.
+SERVER_POLL_FRACTION = 0.1
+
+
+def server_wait_cap(topology) -> float:
+    """How a BSP server rank waits for the workers' next operation: the longest sleep
+    between two polls, 0 for a wait inside MPI (``hpcpax.options.server_poll_seconds``).
+
+    Default: inside MPI (MPI libraries busy-poll there: the lowest latency, and a
+    server rank on its own core costs nothing else), but on a host with more ranks
+    than cores (:attr:`~hpcpax.comm.topology.Topology.oversubscribed`) polling
+    with ``options.poll_seconds`` as the cap: there a spinning server takes the
+    workers' cores while they compute. Each sleep is at most
+    :data:`SERVER_POLL_FRACTION` of the time waited so far, so the latency it adds
+    to an operation is at most a tenth of the server's idle time before it (up to
+    the cap). Measured on this repository's 2-core machine (2 workers, 2 servers,
+    30-step runs, 3 interleaved rounds): allgather steps 4.0 -> 2.0 ms (lm) and
+    5.6 -> 3.0 ms (ctr), where the servers only wait; PS steps unchanged (6.3 /
+    6.7 ms, 9.0 / 8.4 ms); a fixed 1 ms cap slowed PS steps to 10-11 ms.
+    """
+    cap = options.server_poll_seconds
+    if cap is None:
+        return float(options.poll_seconds) if getattr(topology, "oversubscribed", False) \
+            else 0.0
+    return float(cap)
 
 
 def batches(variables) -> list:
@@ -115,7 +144,15 @@ class Protocol:
         mine = np.array([op, var_index, status, argument], np.int64)
         everyone = np.empty((comm.Get_size(), HEADER_INTS), np.int64)
         start = time.perf_counter()
-        comm.Allgather([mine, MPI.INT64_T], [everyone, MPI.INT64_T])
+        # non-blocking on every rank (a blocking collective does not match a
+        # non-blocking one), so that a server can wait for the next operation
+        # polling with backoff (server_wait_cap) instead of inside MPI
+        request = comm.Iallgather([mine, MPI.INT64_T], [everyone, MPI.INT64_T])
+        cap = server_wait_cap(topo) if topo.is_server else 0.0
+        if cap > 0:
+            wait_all([request], backoff=Backoff(cap, fraction=SERVER_POLL_FRACTION))
+        else:
+            request.Wait()
         n = comm.Get_size() - 1
         topo.accounting.record_bytes("control", None, sent=n * mine.nbytes, recv=n * mine.nbytes,
                                      seconds=time.perf_counter() - start)

@@ -124,3 +124,26 @@ def test_too_many_servers_raises_everywhere():
         hpcpax.init(servers_per_node=WORLD.Get_size())
     # every rank got here: the error did not leave one rank behind in a collective
     assert WORLD.allreduce(1) == WORLD.Get_size()
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.timeout(60)
+def test_oversubscribed_agrees_on_the_host_and_counts_its_cores(comm):
+    """Every rank of the host sees the same flag: more ranks than the cores they may use
+    together (never with one rank; always with more ranks than the host has cores)."""
+    import os
+
+    topo = hpcpax.init()
+    try:
+        flags = comm.allgather(topo.oversubscribed)
+        ok = all(f == flags[0] for f in flags)
+        size = comm.Get_size()
+        if size == 1:
+            ok &= not topo.oversubscribed
+        if size > (os.cpu_count() or 1):
+            ok &= topo.oversubscribed
+        cores = set().union(*comm.allgather(sorted(os.sched_getaffinity(0))))
+        ok &= topo.oversubscribed == (size > len(cores))
+        assert comm.allreduce(bool(ok), op=MPI.LAND)
+    finally:
+        topo.free()

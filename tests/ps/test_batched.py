@@ -104,6 +104,54 @@ def test_batched_equals_one_by_one(comm, la, mixed, servers, rpn):
         topo.free()
 
 
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.timeout(120)
+def test_servers_polling_for_the_next_operation_change_nothing(comm):
+    """A server waiting for the workers' next operation by polling with backoff
+    (``server_poll_seconds`` > 0, the default on an oversubscribed host) or inside MPI
+    (0): the same rows pulled and the same tables, bit for bit."""
+    from hpcpax.options import options
+    from hpcpax.ps.protocol import server_wait_cap
+
+    topo = hpcpax.init(servers_per_node=1)
+    results = []
+    try:
+        for cap in (0.0, 1e-3):
+            options.server_poll_seconds = cap
+            assert server_wait_cap(topo) == cap
+            results.append(run(topo, True, True))
+    finally:
+        del options.server_poll_seconds
+        topo.free()
+    (_, pulled_a, tables_a, _), (_, pulled_b, tables_b, _) = results
+    ok = all(np.array_equal(a[n][i], b[n][i]) for a, b in zip(pulled_a, pulled_b)
+             for n in a for i in (0, 1))
+    for spec in SPECS:
+        (t1, state1, _), (t2, state2, _) = tables_a[spec.name], tables_b[spec.name]
+        ok &= np.array_equal(t1, t2) and all(np.array_equal(state1[k], state2[k])
+                                             for k in state1)
+    assert comm.allreduce(bool(ok), op=MPI.LAND)
+
+
+def test_server_wait_cap_defaults_follow_oversubscription():
+    """Inside MPI (0) on a host with a core per rank, the relaxed poll cap on an
+    oversubscribed one; an explicit option wins either way."""
+    from types import SimpleNamespace
+
+    from hpcpax.options import options
+    from hpcpax.ps.protocol import server_wait_cap
+
+    assert server_wait_cap(SimpleNamespace(oversubscribed=False)) == 0.0
+    assert server_wait_cap(SimpleNamespace(oversubscribed=True)) == options.poll_seconds > 0
+    try:
+        options.server_poll_seconds = 0
+        assert server_wait_cap(SimpleNamespace(oversubscribed=True)) == 0.0
+        options.server_poll_seconds = 2e-4
+        assert server_wait_cap(SimpleNamespace(oversubscribed=False)) == 2e-4
+    finally:
+        del options.server_poll_seconds
+
+
 @pytest.mark.mpi(min_size=1)
 @pytest.mark.timeout(60)
 def test_batched_pulls_see_the_batched_pushes(comm):

@@ -138,3 +138,30 @@ def test_backoff_sleeps_up_to_its_cap():
     assert elapsed >= 0.004 and backoff._sleep == 0.004  # reached the cap, slept
     backoff.reset()
     assert backoff._sleep < 0.004
+
+
+def test_backoff_with_a_fraction_sleeps_at_most_that_share_of_the_wait(monkeypatch):
+    """Each sleep <= fraction x the time waited since the first poll (and <= the cap)."""
+    from hpcpax.comm import polling
+
+    clock = {"now": 100.0}
+    slept = []
+    monkeypatch.setattr(polling.time, "perf_counter", lambda: clock["now"])
+
+    def sleep(seconds):
+        slept.append(seconds)
+        clock["now"] += seconds
+
+    monkeypatch.setattr(polling.time, "sleep", sleep)
+    backoff = Backoff(cap=0.001, fraction=0.1)
+    waited = []
+    for _ in range(300):
+        waited.append(clock["now"] - 100.0)
+        backoff.pause()
+    sleeps = [(s, w) for s, w in zip(slept, [w for w in waited][-len(slept):])]
+    assert slept and max(slept) == pytest.approx(0.001)  # reached the cap
+    # after the first sleeps (the floor), each is a tenth of the wait before it
+    assert all(s <= max(polling._FIRST_SLEEP, 0.1 * w) + 1e-12 for s, w in sleeps)
+    assert any(polling._FIRST_SLEEP < s < 0.001 for s in slept)  # grew proportionally
+    backoff.reset()
+    assert backoff._since is None
