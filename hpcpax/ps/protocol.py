@@ -58,10 +58,10 @@ def server_wait_cap(topology) -> float:
     workers' cores while they compute. Each sleep is at most
     :data:`SERVER_POLL_FRACTION` of the time waited so far, so the latency it adds
     to an operation is at most a tenth of the server's idle time before it (up to
-    the cap). Measured on this repository's 2-core machine (2 workers, 2 servers,
-    30-step runs, 3 interleaved rounds): allgather steps 4.0 -> 2.0 ms (lm) and
-    5.6 -> 3.0 ms (ctr), where the servers only wait; PS steps unchanged (6.3 /
-    6.7 ms, 9.0 / 8.4 ms); a fixed 1 ms cap slowed PS steps to 10-11 ms.
+    the cap). Measured on a 2-core machine (2 workers, 2 servers, 30-step runs, 3
+    interleaved rounds; README, "The cost model"): allgather steps 2.1x faster,
+    where the servers only wait; PS steps 5-9 % slower in one run, -7 to +6 % in
+    another; a fixed 1 ms cap slowed PS steps by a third.
     """
     cap = options.server_poll_seconds
     if cap is None:
