@@ -160,8 +160,8 @@ OPTIONS = (
     Option("server_poll_seconds", _seconds, None,
            "BSP parameter server: longest sleep of a server rank waiting for the workers' "
            "next operation (backoff cap, each sleep at most a tenth of the wait so far; 0: "
-           "wait inside MPI, which busy-polls a core; default poll_seconds on a host with "
-           "more ranks than cores, else 0)"),
+           "wait inside MPI, which busy-polls a core; default poll_seconds for a server "
+           "holding no table on a host with more ranks than cores, else 0)"),
     Option("hot_rows", _integer(0), 0,
            "parameter server: rows that at least this many nodes pull or push in a step "
            "travel once, down a broadcast tree / up a reduction chain (0: off)"),

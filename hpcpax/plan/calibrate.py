@@ -119,16 +119,18 @@ def measure_handoff(comm, work_s=HANDOFF_WORK_S, repeats: int = 60, topology=Non
     free cores both are near 0; with more, a waiting rank that MPI keeps
     polling holds a core the working rank needs, and the extra grows with
     the work (means, not medians: the delays are what a step pays). With a
-    ``topology``, the ranks wait as in training: a server as it waits for the
-    workers' next operation (:func:`~hpcpax.ps.protocol.server_wait_cap`:
-    polling with backoff on an oversubscribed host), a worker inside MPI.
+    ``topology``, the ranks wait as in training: a server as a serving server
+    waits for the workers' next operation
+    (:func:`~hpcpax.ps.protocol.server_wait_cap`), a worker inside MPI.
     """
     from mpi4py import MPI
 
     from ..comm.polling import Backoff, wait_all
     from ..ps.protocol import SERVER_POLL_FRACTION, server_wait_cap
 
-    cap = server_wait_cap(topology) if topology is not None and topology.is_server else 0.0
+    # (a server that serves: the hand-off is charged to the PS's server work)
+    cap = (server_wait_cap(topology, idle=False)
+           if topology is not None and topology.is_server else 0.0)
 
     mine = np.zeros(4, np.int64)
     everyone = np.zeros(4 * comm.Get_size(), np.int64)

@@ -47,26 +47,26 @@ STATUS_DEFERRED = 99
 SERVER_POLL_FRACTION = 0.1
 
 
-def server_wait_cap(topology) -> float:
+def server_wait_cap(topology, idle=True) -> float:
     """How a BSP server rank waits for the workers' next operation: the longest sleep
     between two polls, 0 for a wait inside MPI (``hpcpax.options.server_poll_seconds``).
 
-    Default: inside MPI (MPI libraries busy-poll there: the lowest latency, and a
-    server rank on its own core costs nothing else), but on a host with more ranks
-    than cores (:attr:`~hpcpax.comm.topology.Topology.oversubscribed`) polling
-    with ``options.poll_seconds`` as the cap: there a spinning server takes the
-    workers' cores while they compute. Each sleep is at most
-    :data:`SERVER_POLL_FRACTION` of the time waited so far, so the latency it adds
-    to an operation is at most a tenth of the server's idle time before it (up to
-    the cap). Measured on a 2-core machine (2 workers, 2 servers, 30-step runs, 3
-    interleaved rounds; README, "The cost model"): allgather steps 2.1x faster,
-    where the servers only wait; PS steps 5-9 % slower in one run, -7 to +6 % in
-    another; a fixed 1 ms cap slowed PS steps by a third.
+    Default: inside MPI (MPI libraries busy-poll there: the lowest latency), but
+    polling with ``options.poll_seconds`` as the cap on a host with more ranks than
+    cores (:attr:`~hpcpax.comm.topology.Topology.oversubscribed`) when the server
+    is ``idle`` (it holds no variable: every table is replicated, so it only waits
+    for the shutdown or a switch), where a spinning server takes the workers'
+    cores for nothing. Each sleep is at most :data:`SERVER_POLL_FRACTION` of the
+    time waited so far. Measured on a 2-core machine (README, "The cost model"):
+    allgather and densified steps 2.1-2.2x faster with 2 idle servers beside 2
+    workers; a server that serves answers later when it sleeps, and BSP PS steps
+    with 1 server and 3 workers ran 10-25 % slower polling (caps of 30 us to 1 ms)
+    than spinning, hence inside MPI for it.
     """
     cap = options.server_poll_seconds
     if cap is None:
-        return float(options.poll_seconds) if getattr(topology, "oversubscribed", False) \
-            else 0.0
+        return float(options.poll_seconds) \
+            if idle and getattr(topology, "oversubscribed", False) else 0.0
     return float(cap)
 
 
@@ -148,7 +148,7 @@ class Protocol:
         # non-blocking one), so that a server can wait for the next operation
         # polling with backoff (server_wait_cap) instead of inside MPI
         request = comm.Iallgather([mine, MPI.INT64_T], [everyone, MPI.INT64_T])
-        cap = server_wait_cap(topo) if topo.is_server else 0.0
+        cap = server_wait_cap(topo, idle=not self.variables) if topo.is_server else 0.0
         if cap > 0:
             wait_all([request], backoff=Backoff(cap, fraction=SERVER_POLL_FRACTION))
         else:

@@ -134,8 +134,8 @@ def test_servers_polling_for_the_next_operation_change_nothing(comm):
 
 
 def test_server_wait_cap_defaults_follow_oversubscription():
-    """Inside MPI (0) on a host with a core per rank, the relaxed poll cap on an
-    oversubscribed one; an explicit option wins either way."""
+    """Inside MPI (0) on a host with a core per rank, the relaxed poll cap for an idle
+    server on an oversubscribed one; an explicit option wins either way."""
     from types import SimpleNamespace
 
     from hpcpax.options import options
@@ -143,6 +143,8 @@ def test_server_wait_cap_defaults_follow_oversubscription():
 
     assert server_wait_cap(SimpleNamespace(oversubscribed=False)) == 0.0
     assert server_wait_cap(SimpleNamespace(oversubscribed=True)) == options.poll_seconds > 0
+    # a server holding tables answers operations: inside MPI by default
+    assert server_wait_cap(SimpleNamespace(oversubscribed=True), idle=False) == 0.0
     try:
         options.server_poll_seconds = 0
         assert server_wait_cap(SimpleNamespace(oversubscribed=True)) == 0.0
