@@ -22,6 +22,8 @@ __all__ = ["measure_operations", "measure_software"]
 PARTITIONS = 16
 #: ids of one call that measures an operation's cost per row (against 16)
 ROWS_PER_CALL = 512
+#: operations on replicated tables, timed before the PS holds any table
+REPLICATED_OPERATIONS = ("allgather_push", "allreduce_push", "replica_pull")
 
 
 def _thread_limits():
@@ -180,7 +182,6 @@ def measure_operations(topology, counts=(1, 8), repeats: int = 15, dim: int = 16
     if not topology.is_worker:
         ps.serve()  # the register, the pulls and pushes, until the shutdown
         return comm.bcast(None, root=topology.worker_ranks[0])
-    ps.register(specs)
 
     def pull(names, ids=ids):
         return lambda: ps.pull_unique_many({n: ids for n in names})
@@ -230,20 +231,30 @@ def measure_operations(topology, counts=(1, 8), repeats: int = 15, dim: int = 16
     calls = {(name, k): make(k) for name, _, make, _ in operations for k in counts}
     calls.update({(name, "rows"): big for name, _, _, big in operations if big is not None})
     times = {key: [] for key in calls}
-    topology.workers.Barrier()
-    for repeat in range(repeats + 1):  # the first is a warm-up
-        for k in variants:
-            # one after the other as in a step (no barrier): each call pays the
-            # hand-off from the one before, with ranks arriving as they come
-            for name, setup, _, _ in operations:
-                if setup is not None:
-                    setup()
-                if (name, k) not in calls:
-                    continue
-                start = time.perf_counter()
-                calls[(name, k)]()
-                if repeat:
-                    times[(name, k)].append(time.perf_counter() - start)
+
+    def run_sequence(sequence):
+        topology.workers.Barrier()
+        for repeat in range(repeats + 1):  # the first is a warm-up
+            for k in variants:
+                # one after the other as in a step (no barrier): each call pays the
+                # hand-off from the one before, with ranks arriving as they come
+                for name, setup, _, _ in sequence:
+                    if setup is not None:
+                        setup()
+                    if (name, k) not in calls:
+                        continue
+                    start = time.perf_counter()
+                    calls[(name, k)]()
+                    if repeat:
+                        times[(name, k)].append(time.perf_counter() - start)
+
+    # the replicated tables' operations first, while the servers hold no table and
+    # wait as they do when every table is replicated (server_wait_cap: idle), then
+    # the PS's, with the servers serving
+    replicated = [op for op in operations if op[0] in REPLICATED_OPERATIONS]
+    run_sequence(replicated)
+    ps.register(specs)
+    run_sequence([op for op in operations if op[0] not in REPLICATED_OPERATIONS])
     # the per-partition cost: one table of PARTITIONS partitions against one of the
     # default number, each call alone (a barrier before it) and the two alternating,
     # so neither carries a hand-off or a server's backlog the other does not (inside
