@@ -300,7 +300,7 @@ class AutoPolicy:
                                                         for o in regime]))
                                        for w in range(self.workers)])
         proposed = balanced_shares(per_sample, self.global_batch)
-        if self.uneven and SHARE_TRUST:
+        if self.uneven:
             proposed = trusted(self.shares, proposed, SHARE_TRUST)
         work = step_work(self.shares, per_sample)
         gain = relative_gain(self.shares, proposed, per_sample) * work / max(

@@ -125,8 +125,7 @@ def measure_handoff(comm, work_s=HANDOFF_WORK_S, repeats: int = 60, topology=Non
     """
     from mpi4py import MPI
 
-    from ..comm.polling import Backoff, wait_all
-    from ..ps.protocol import SERVER_POLL_FRACTION, server_wait_cap
+    from ..ps.protocol import server_wait, server_wait_cap
 
     # (a server that serves: the hand-off is charged to the PS's server work)
     cap = (server_wait_cap(topology, idle=False)
@@ -144,11 +143,7 @@ def measure_handoff(comm, work_s=HANDOFF_WORK_S, repeats: int = 60, topology=Non
             if comm.Get_rank() == i % comm.Get_size():  # work changes hands, as in a step
                 while time.perf_counter() - start < work:
                     scratch.sum()
-            request = comm.Iallgather(mine, everyone)
-            if cap > 0:
-                wait_all([request], backoff=Backoff(cap, fraction=SERVER_POLL_FRACTION))
-            else:
-                request.Wait()
+            server_wait(comm.Iallgather(mine, everyone), cap)
             if i >= 5:
                 times.append(time.perf_counter() - start)
         means.append(comm.allreduce(float(np.mean(times)), op=MPI.MAX))

@@ -27,7 +27,8 @@ from ..comm.agreement import STATUS_NONFINITE, STATUS_OK, refuse_together, statu
 from ..errors import MismatchError
 from .memory import MemoryBudgetError
 
-__all__ = ["Protocol", "OP_NAMES", "MAX_BATCH", "batches", "mask_of", "names_of", "status_of"]
+__all__ = ["Protocol", "OP_NAMES", "MAX_BATCH", "batches", "mask_of", "names_of", "status_of",
+           "SERVER_POLL_FRACTION", "server_wait_cap", "server_wait"]
 
 (OP_REGISTER, OP_PULL, OP_PUSH, OP_SHUTDOWN, OP_EXPORT, OP_REPARTITION, OP_IMPORT,
  OP_PULL_MANY, OP_PUSH_MANY) = range(1, 10)
@@ -65,9 +66,17 @@ def server_wait_cap(topology, idle=True) -> float:
     """
     cap = options.server_poll_seconds
     if cap is None:
-        return float(options.poll_seconds) \
-            if idle and getattr(topology, "oversubscribed", False) else 0.0
+        return float(options.poll_seconds) if idle and topology.oversubscribed else 0.0
     return float(cap)
+
+
+def server_wait(request, cap) -> None:
+    """Complete ``request`` as a server waits (:func:`server_wait_cap`'s ``cap``):
+    polling with a proportional backoff, or inside MPI when ``cap`` is 0."""
+    if cap > 0:
+        wait_all([request], backoff=Backoff(cap, fraction=SERVER_POLL_FRACTION))
+    else:
+        request.Wait()
 
 
 def batches(variables) -> list:
@@ -148,11 +157,8 @@ class Protocol:
         # non-blocking one), so that a server can wait for the next operation
         # polling with backoff (server_wait_cap) instead of inside MPI
         request = comm.Iallgather([mine, MPI.INT64_T], [everyone, MPI.INT64_T])
-        cap = server_wait_cap(topo, idle=not self.variables) if topo.is_server else 0.0
-        if cap > 0:
-            wait_all([request], backoff=Backoff(cap, fraction=SERVER_POLL_FRACTION))
-        else:
-            request.Wait()
+        server_wait(request, server_wait_cap(topo, idle=not self.variables)
+                    if topo.is_server else 0.0)
         n = comm.Get_size() - 1
         topo.accounting.record_bytes("control", None, sent=n * mine.nbytes, recv=n * mine.nbytes,
                                      seconds=time.perf_counter() - start)
