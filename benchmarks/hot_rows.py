@@ -1,10 +1,15 @@
 """Hot rows travel once: owner bytes and step time with and without trees.
 
 Zipf(1.1) ids put the same head rows on every node at every step; with
-``hot_rows`` on, an owner sends such a row once down a broadcast tree
-(pull) and receives it once at the end of a reduction chain (push)
-(:mod:`hpcpax.ps.hot_rows`). Uniform ids share few rows: the cost rule
-(``HPCPAX_HOT_ROWS_MIN_BYTES``) should choose no tree.
+hot rows on, an owner sends such a row once down a broadcast tree (pull)
+and receives it once at the end of a reduction chain (push), by
+point-to-point messages among the tree's members, in pieces of
+``--chunk-bytes`` (:mod:`hpcpax.ps.hot_rows`). Which groups take a tree is
+the plan's decision (``--rule model``, the default): the cost model
+(:func:`hpcpax.plan.hot_rows_cost.decide`) on the fabric measured at the
+start, as ``--plan auto``/``hybrid`` do; ``--rule M`` is the fixed rule
+(groups of >= M nodes, ``HPCPAX_HOT_ROWS_MIN_BYTES``). Uniform ids share
+few rows: no tree should be chosen.
 
 Bytes are measured on the owners (the server ranks: ``pull`` bytes they
 send, ``push`` bytes they receive) and on every rank (``relay``), in one
@@ -20,9 +25,9 @@ Virtual nodes share one host: the bytes are the real figures of the
 exchange, the times are not those of a network (no shaped links here).
 Keys: ``ratio_owner_egress_before_vs_after`` (pull, Zipf),
 ``ratio_owner_ingress_before_vs_after`` (push, Zipf), the same on the hot
-set alone (``*_hot_set``: each worker's Zipf ids that at least two nodes
-draw in that step, a third pair of byte passes; ``--min-nodes``, default
-3: rows every node of a 3-node job touches),
+set alone (``*_hot_set``: each worker's Zipf ids that every node draws
+in that step, or at least ``--hot-set-nodes``, a third pair of byte
+passes),
 ``ratio_step_time_before_vs_after`` (Zipf) and ``ratio_uniform`` (uniform
 ids, today / trees on), ``uniform_trees_chosen`` (any relay byte).
 """
@@ -41,6 +46,8 @@ import _common
 
 import hpcpax
 from hpcpax import ParameterServer, SparseVariableSpec
+from hpcpax.comm.fabric import measure_fabric
+from hpcpax.plan.hot_rows_cost import decide
 from hpcpax.ps.sparse_grad import SparseGrad
 
 def step_ids(kind, worker, step, args, cdf, topo=None):
@@ -49,14 +56,14 @@ def step_ids(kind, worker, step, args, cdf, topo=None):
     if kind == "uniform":
         return rng.integers(0, args.rows, args.ids, dtype=np.int64)
     ids = _common.zipf_ids(rng, args.ids, cdf)
-    if kind == "zipf_hot":  # the hot set: rows that at least args.min_nodes nodes draw
+    if kind == "zipf_hot":  # the hot set: rows that at least args.hot_set_nodes nodes draw
         nodes = {}
         for w, rank in enumerate(topo.worker_ranks):
             nodes.setdefault(int(topo.node_of[rank]), []).append(
                 step_ids("zipf", w, step, args, cdf))
         drawn = np.concatenate([np.unique(np.concatenate(v)) for v in nodes.values()])
         rows, count = np.unique(drawn, return_counts=True)
-        ids = ids[np.isin(ids, rows[count >= args.min_nodes])]
+        ids = ids[np.isin(ids, rows[count >= args.hot_set_nodes])]
     return ids
 
 
@@ -68,11 +75,18 @@ def one_step(ps, name, kind, worker, step, args, cdf, topo=None, ids=None):
                              args.rows))
 
 
-def byte_pass(topo, args, cdf, kind, hot):
+def hot_rows_server(topo, names, entry):
+    """A parameter server whose tables ``names`` take the hot-rows ``entry``."""
+    ps = ParameterServer(topo, seed=1, hot_rows=0)
+    ps.set_hot_rows({name: entry for name in names})
+    return ps
+
+
+def byte_pass(topo, args, cdf, kind, entry):
     """Owner egress/ingress and relay bytes of ``args.steps`` steps, summed over ranks."""
     spec = SparseVariableSpec("emb", args.rows, args.dim, partitioning=args.partitioning,
                               num_partitions=args.partitions)
-    ps = ParameterServer(topo, seed=1, hot_rows=args.min_nodes if hot else 0)
+    ps = hot_rows_server(topo, ["emb"], entry)
     topo.accounting.reset()
     if topo.is_server:
         ps.serve()
@@ -101,37 +115,50 @@ def main():
     parser.add_argument("--ids", type=int, default=4096, help="ids per worker per step")
     parser.add_argument("--steps", type=int, default=5, help="steps of each byte pass")
     parser.add_argument("--repeats", type=int, default=7, help="timed steps of each mode")
-    parser.add_argument("--min-nodes", type=int, default=3,
-                        help="hot_rows of the trees runs: nodes a row needs to be hot")
+    parser.add_argument("--rule", default="model",
+                        help="which groups take a tree in the trees runs: model (the plan's "
+                             "cost model on the measured fabric) or M (groups of >= M nodes)")
+    parser.add_argument("--hot-set-nodes", type=int, default=0,
+                        help="the hot set: ids at least this many nodes draw in a step "
+                             "(default 0: every node)")
     parser.add_argument("--partitioning", default="mod", choices=("mod", "range"),
                         help="range puts the Zipf head on one owner (a hot partition)")
     parser.add_argument("--partitions", type=int, default=None,
                         help="partitions of the table (default: one per server); 1 puts every "
                              "row on one owner, whose link is then the bottleneck")
-    parser.add_argument("--chunks", type=int, default=1,
-                        help="HPCPAX_HOT_ROWS_CHUNKS of the trees runs (pipelined chains)")
+    parser.add_argument("--chunk-bytes", type=int, default=None,
+                        help="HPCPAX_HOT_ROWS_CHUNK_BYTES (pieces of a pipelined chain; default "
+                             "the option's)")
     parser.add_argument("--links", default="virtual nodes on one shared host (no shaped links)",
                         help="what the nodes and links are, for the report")
     parser.add_argument("--quick", action="store_true")
     args = parser.parse_args()
     if args.quick:
         args.rows, args.dim, args.ids, args.steps, args.repeats = 5000, 16, 512, 2, 3
-        args.min_nodes = 2
+        args.rule, args.hot_set_nodes = "2", 2
         hpcpax.options.hot_rows_min_bytes = 0
-    hpcpax.options.hot_rows_chunks = args.chunks  # only the trees runs have hot rows on
+    if args.chunk_bytes is not None:  # only the trees runs have hot rows on
+        hpcpax.options.hot_rows_chunk_bytes = args.chunk_bytes
     topo = hpcpax.init()
+    args.hot_set_nodes = args.hot_set_nodes or topo.num_nodes
     cdf = _common.zipf_cdf(args.rows, 1.1)
+    fabric = measure_fabric(topo, budget_s=2.0)
+    row_bytes = args.dim * 4
+    entry = (decide(topo.num_nodes, row_bytes, fabric, topo.size) if args.rule == "model"
+             else decide(topo.num_nodes, row_bytes, fabric, topo.size, setting=int(args.rule)))
+    off = {"min_nodes": 0, "min_saved_bytes": [], "reason": "hot rows: off"}
+    chunk = hpcpax.options.hot_rows_chunk_bytes
     result = {"benchmark": "hot_rows", "ranks": topo.size, "servers": len(topo.server_ranks),
               "nodes": topo.num_nodes, "rows": args.rows, "dim": args.dim,
               "partitioning": args.partitioning, "partitions": args.partitions,
-              "ids_per_worker": args.ids, "zipf_s": 1.1, "min_nodes": args.min_nodes,
-              "min_bytes": hpcpax.options.hot_rows_min_bytes, "plan": "ps",
-              "methods": {"today": "ps, local aggregation, hot_rows=0",
-                          "trees": f"ps, local aggregation, hot_rows={args.min_nodes}, "
-                                   f"chunks={args.chunks}"},
-              "chunks": args.chunks,
-              "links": args.links}
-    bytes_ = {f"{kind}_{mode}": byte_pass(topo, args, cdf, kind, mode == "trees")
+              "ids_per_worker": args.ids, "zipf_s": 1.1, "hot_set_nodes": args.hot_set_nodes,
+              "rule": args.rule, "decision": entry, "fabric": fabric.to_dict(), "plan": "ps",
+              "methods": {"today": "ps, local aggregation, hot rows off",
+                          "trees": f"ps, local aggregation, hot rows: {entry['reason']}, "
+                                   f"pieces of {chunk} B (point-to-point)"},
+              "chunk_bytes": chunk, "links": args.links}
+    bytes_ = {f"{kind}_{mode}": byte_pass(topo, args, cdf, kind,
+                                          entry if mode == "trees" else off)
               for kind in ("zipf", "zipf_hot", "uniform") for mode in ("today", "trees")}
     result["bytes"] = bytes_
     result["ratio_owner_egress_before_vs_after"] = _common.ratio(
@@ -143,7 +170,7 @@ def main():
     result["ratio_owner_ingress_hot_set"] = _common.ratio(
         bytes_["zipf_hot_today"]["owner_ingress"], bytes_["zipf_hot_trees"]["owner_ingress"])
     result["uniform_trees_chosen"] = bytes_["uniform_trees"]["relay"] > 0
-    result["seconds"] = timing(topo, args, cdf)
+    result["seconds"] = timing(topo, args, cdf, entry, off)
     s = result["seconds"]
     result["ratio_step_time_before_vs_after"] = _common.ratio(s["zipf_today"]["median"],
                                                               s["zipf_trees"]["median"])
@@ -155,15 +182,15 @@ def main():
     topo.free()
 
 
-def timing(topo, args, cdf):
+def timing(topo, args, cdf, entry, off):
     """Median and spread of step seconds, modes interleaved; on every rank."""
     kinds = ("zipf", "zipf_hot", "uniform")
     names = [f"{kind}_{mode}" for kind in kinds for mode in ("today", "trees")]
     specs = [SparseVariableSpec(name, args.rows, args.dim, partitioning=args.partitioning,
                                 num_partitions=args.partitions)
              for name in names]  # one table per mode: a pull without trees pauses its table's
-    ps = ParameterServer(topo, seed=1, hot_rows={name: args.min_nodes * name.endswith("trees")
-                                                 for name in names})  # classification
+    ps = ParameterServer(topo, seed=1, hot_rows=0)  # classification
+    ps.set_hot_rows({name: entry if name.endswith("trees") else off for name in names})
     times = None
     if topo.is_server:
         ps.serve()

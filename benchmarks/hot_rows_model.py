@@ -3,8 +3,9 @@
 Measures the fabric as the trainer does (:func:`hpcpax.comm.fabric.
 measure_fabric`) and prints one JSON line: the links' alpha-beta figures,
 the plan's hot-rows entry (:func:`hpcpax.plan.hot_rows_cost.decide`) for
-each ``--chunks`` value, and for a group of ``--rows`` rows that every node
-touches the predicted seconds today and by trees. Compare with
+each ``--chunk-bytes`` value (0: whole groups), and for a group of
+``--rows`` rows that every node touches the predicted seconds today and by
+trees. Compare with
 ``benchmarks/hot_rows.py`` on the same layout.
 
     python -m hpcpax.cluster mpirun --ranks-per-node 2 -- python benchmarks/hot_rows_model.py
@@ -28,7 +29,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--row-bytes", type=int, nargs="+", default=[256, 1024])
     parser.add_argument("--rows", type=int, default=2000, help="rows of a group every node touches")
-    parser.add_argument("--chunks", type=int, nargs="+", default=[1, 4])
+    parser.add_argument("--chunk-bytes", type=int, nargs="+", default=[0, 262144])
     parser.add_argument("--links", default="", help="what the nodes and links are, for the report")
     args = parser.parse_args()
     topo = hpcpax.init()
@@ -37,12 +38,12 @@ def main():
     result = {"benchmark": "hot_rows_model", "ranks": ranks, "nodes": k, "links": args.links,
               "fabric": fabric.to_dict(), "group_rows": args.rows, "decisions": {}}
     for row_bytes in args.row_bytes:
-        for chunks in args.chunks:
-            key = f"row_bytes={row_bytes},chunks={chunks}"
+        for chunk in args.chunk_bytes:
+            key = f"row_bytes={row_bytes},chunk_bytes={chunk}"
             result["decisions"][key] = {
-                "plan": decide(k, row_bytes, fabric, ranks, chunks=chunks),
+                "plan": decide(k, row_bytes, fabric, ranks, chunk_bytes=chunk),
                 "group_of_every_node": tree_gain(k, args.rows, row_bytes, fabric, ranks,
-                                                 chunks=chunks) if k >= 2 else None}
+                                                 chunk_bytes=chunk) if k >= 2 else None}
     _common.emit(result, topo.rank)
     topo.free()
 

@@ -166,11 +166,12 @@ OPTIONS = (
            "parameter server: rows that at least this many nodes pull or push in a step "
            "travel once, down a broadcast tree / up a reduction chain (0: off)"),
     Option("hot_rows_min_bytes", _integer(0), 16384,
-           "hot rows: a group of rows takes a tree only when the owner bytes it saves "
-           "reach this (the price of the extra rounds' latency)"),
-    Option("hot_rows_chunks", _integer(1), 1,
-           "hot rows: cut each group into this many chunks that follow each other down "
-           "its chain (pipelining; 1: store and forward, binomial trees above 3 nodes)"),
+           "hot rows, fixed rule (HPCPAX_HOT_ROWS): a group of rows takes a tree only when "
+           "the owner bytes it saves reach this (the plan's cost model sets its own)"),
+    Option("hot_rows_chunk_bytes", _integer(0), 262144,
+           "hot rows: a group larger than this goes in pieces of about this size, each "
+           "forwarded down its chain as soon as it arrives (pipelining; 0: whole groups, "
+           "binomial trees above 3 nodes)"),
 )
 _BY_NAME = {option.name: option for option in OPTIONS}
 

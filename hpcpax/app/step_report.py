@@ -1,9 +1,10 @@
 """What a run reports: one reduced record per step, and the summary at the end.
 
 After each step the workers reduce one small vector (loss x batch, batch,
-preemption flag, phase seconds, cumulative bytes per phase) with one
-``Allreduce``; the first worker turns it into the ``metrics.jsonl`` line.
-At the end every rank's accounting is reduced into ``summary.json``.
+preemption flag, phase seconds, cumulative bytes per phase, the owners' row
+bytes) with one ``Allreduce``; the first worker turns it into the
+``metrics.jsonl`` line. At the end every rank's accounting is reduced into
+``summary.json``.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ from __future__ import annotations
 import time
 
 import numpy as np
+
+from ..comm.accounting import OWNER_FIELDS
 
 __all__ = ["TIME_PHASES", "BYTE_PHASES", "PhaseClock", "Computed", "compute_step",
            "reduce_step", "step_record", "summarize", "summary_line"]
@@ -20,7 +23,7 @@ TIME_PHASES = ("data", "pull", "compute", "push", "dense", "optimizer")
 #: Accounting phases whose bytes the metrics lines report (summed over workers).
 BYTE_PHASES = ("pull", "push", "intra_node", "dense", "allgather", "dense_sparse", "control",
                "repartition", "relay")
-_BYTE_FIELDS = ("sent_bytes", "recv_bytes", "sent_inter_bytes")
+_BYTE_FIELDS = ("sent_bytes", "recv_bytes", "sent_inter_bytes", "recv_inter_bytes")
 
 
 class PhaseClock:
@@ -82,9 +85,13 @@ def compute_step(trainer, rows, batch, position, step, clock) -> Computed:
 
 
 def reduce_step(topology, loss, local_batch, times, flag) -> tuple:
-    """``(mean loss, any flag, mean phase seconds, cumulative bytes [phase, field])``.
+    """``(mean loss, any flag, mean phase seconds, cumulative bytes)``.
 
     **Collective** over the workers: one ``Allreduce`` of a small vector.
+    The cumulative bytes are one flat vector, every phase's fields of
+    :data:`BYTE_PHASES` then the owners' counters
+    (:data:`~hpcpax.comm.accounting.OWNER_FIELDS`); :func:`step_record`
+    reads it.
     """
     from mpi4py import MPI
 
@@ -94,24 +101,36 @@ def reduce_step(topology, loss, local_batch, times, flag) -> tuple:
     for phase in BYTE_PHASES:
         entry = acct.phase(phase)
         vector += [float(entry[f]) for f in _BYTE_FIELDS]
+    vector += [float(acct.owner[f]) for f in OWNER_FIELDS]
     vector = np.array(vector, np.float64)
     topology.workers.Allreduce(MPI.IN_PLACE, vector, op=MPI.SUM)
     n = topology.num_workers
     k = len(TIME_PHASES)
     mean_times = {p: vector[3 + i] / n for i, p in enumerate(TIME_PHASES)}
-    cumulative = vector[3 + k:].reshape(len(BYTE_PHASES), len(_BYTE_FIELDS))
-    return vector[0] / vector[1], vector[2] > 0, mean_times, cumulative
+    return vector[0] / vector[1], vector[2] > 0, mean_times, vector[3 + k:]
 
 
 def step_record(step, loss, seconds, global_batch, times, delta) -> dict:
-    """The ``metrics.jsonl`` line of one step (``delta``: this step's bytes)."""
-    return {
+    """The ``metrics.jsonl`` line of one step (``delta``: this step's bytes, as
+    :func:`reduce_step` returns them).
+
+    ``bytes``: per phase, what the workers sent and received (``_inter``: to
+    or from another node). ``owner`` (only when parameter-server owners moved
+    rows): the owners' egress and ingress row bytes, each also off-node
+    (:meth:`~hpcpax.comm.accounting.Accounting.record_owner`).
+    """
+    per_phase = delta[:len(BYTE_PHASES) * len(_BYTE_FIELDS)].reshape(len(BYTE_PHASES), -1)
+    owner = delta[len(BYTE_PHASES) * len(_BYTE_FIELDS):]
+    record = {
         "step": step, "loss": loss, "samples_per_s": global_batch / seconds, "seconds": seconds,
         "time": times,
-        "bytes": {phase: {f.replace("_bytes", ""): int(delta[i, j])
+        "bytes": {phase: {f.replace("_bytes", ""): int(per_phase[i, j])
                           for j, f in enumerate(_BYTE_FIELDS)}
-                  for i, phase in enumerate(BYTE_PHASES) if delta[i].any()},
+                  for i, phase in enumerate(BYTE_PHASES) if per_phase[i].any()},
     }
+    if owner.any():
+        record["owner"] = {f: int(v) for f, v in zip(OWNER_FIELDS, owner)}
+    return record
 
 
 def summarize(topology, losses, *, start_step, last, steady, train_seconds, wall,
@@ -136,6 +155,7 @@ def summarize(topology, losses, *, start_step, last, steady, train_seconds, wall
         "last_checkpoint": checkpoints.last,
         "topology": topology.describe(),
         "phases": totals["phases"], "total": totals["total"],
+        "owner": totals.get("owner"),
     }
 
 

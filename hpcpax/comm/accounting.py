@@ -21,7 +21,7 @@ from contextlib import contextmanager
 
 import numpy as np
 
-__all__ = ["Accounting", "FIELDS"]
+__all__ = ["Accounting", "FIELDS", "OWNER_FIELDS"]
 
 #: The counters kept for each phase and each variable.
 FIELDS = (
@@ -34,6 +34,11 @@ FIELDS = (
     "seconds",
     "calls",
 )
+
+
+#: Parameter-server owners' row bytes, counted by the workers that exchange them
+#: with the owners (see :meth:`Accounting.record_owner`).
+OWNER_FIELDS = ("egress", "egress_inter", "ingress", "ingress_inter")
 
 
 def _zero():
@@ -60,6 +65,7 @@ class Accounting:
         """Set every counter to zero (registered groups stay registered)."""
         self._phases = defaultdict(_zero)
         self._variables = defaultdict(_zero)
+        self.owner = dict.fromkeys(OWNER_FIELDS, 0)
         for group in getattr(self, "_groups", []):
             group[3] = 0
         if not hasattr(self, "_groups"):
@@ -198,6 +204,30 @@ class Accounting:
             calls=1,
         )
 
+    def record_owner(self, direction, bytes_per_rank) -> None:
+        """Count row bytes exchanged with parameter-server owners, from this rank's side.
+
+        Owners' links are the ones hot rows load, and a dedicated server
+        takes part in no step's reduction, so its traffic is counted here
+        by its peers: ``egress`` what owners sent this rank (pulled rows,
+        with their ids where they travel together), ``ingress`` what this
+        rank sent owners (pushed ids and gradient rows). Control words
+        (counts, manifests, codes) are not rows and are not counted.
+
+        Args:
+            direction: ``"egress"`` or ``"ingress"``.
+            bytes_per_rank: bytes exchanged with each world rank (an owner
+                or not; this rank itself is not counted).
+        """
+        if direction not in ("egress", "ingress"):
+            raise ValueError(f"direction must be 'egress' or 'ingress', not {direction!r}")
+        per_rank = np.asarray(bytes_per_rank, np.int64)
+        peers = np.arange(len(per_rank))
+        other = peers != self.rank
+        inter = other & (self.node_of[peers] != self.node_of[self.rank])
+        self.owner[direction] += int(per_rank[other].sum())
+        self.owner[direction + "_inter"] += int(per_rank[inter].sum())
+
     def record_seconds(self, phase, variable, seconds) -> None:
         """Record time spent in a phase that moved no bytes (e.g. a kernel)."""
         self._add(phase, variable, seconds=float(seconds))
@@ -228,12 +258,16 @@ class Accounting:
         return total
 
     def as_dict(self) -> dict:
-        """``{"phases": {...}, "variables": {...}, "total": {...}}``, JSON-ready."""
-        return {
+        """``{"phases": {...}, "variables": {...}, "total": {...}}``, JSON-ready, with
+        ``"owner"`` (:meth:`record_owner`'s counters) when anything was counted there."""
+        out = {
             "phases": {k: dict(v) for k, v in sorted(self._phases.items())},
             "variables": {k: dict(v) for k, v in sorted(self._variables_with_groups().items())},
             "total": self.totals(),
         }
+        if any(self.owner.values()):
+            out["owner"] = dict(self.owner)
+        return out
 
     def reduce(self, comm) -> dict:
         """Sum :meth:`as_dict` over the ranks of ``comm`` (collective).
@@ -243,7 +277,10 @@ class Accounting:
         mine = self.as_dict()
         everyone = comm.allgather(mine)
         out = {"phases": defaultdict(_zero), "variables": defaultdict(_zero), "total": _zero()}
+        owner = dict.fromkeys(OWNER_FIELDS, 0)
         for d in everyone:
+            for field, value in d.get("owner", {}).items():
+                owner[field] += value
             for section in ("phases", "variables"):
                 for key, entry in d[section].items():
                     for field in FIELDS:
@@ -252,6 +289,8 @@ class Accounting:
                 out["total"][field] += d["total"][field]
         out["phases"] = dict(sorted(out["phases"].items()))
         out["variables"] = dict(sorted(out["variables"].items()))
+        if any(owner.values()):
+            out["owner"] = owner
         return out
 
 

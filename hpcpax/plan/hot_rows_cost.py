@@ -2,36 +2,36 @@
 
 Pure arithmetic on the fabric's alpha-beta links (no MPI, not collective).
 :mod:`hpcpax.ps.hot_rows` moves a group of ``rows`` rows (``G = rows x
-row_bytes`` bytes, one copy) that ``k`` nodes pull and push, store and
-forward; this module prices that against today's path, one group alone:
+row_bytes`` bytes, one copy) that ``k`` nodes pull and push by
+point-to-point messages among the group's members, in ``c`` pieces of about
+``HPCPAX_HOT_ROWS_CHUNK_BYTES`` (:func:`~hpcpax.ps.hot_groups.pieces_of`);
+this module prices that against today's path, one group alone. ``a`` is a
+link's latency, ``b`` its seconds per byte; ``piece = a_inter + G / c x
+b_inter``.
 
 - **pull, today**: the owner's link sends one copy to every member node
-  but its own, one after the other: ``c = k - 1`` copies when the owner's
-  node is a member (else ``k``), ``c x G / B_inter``.
-- **pull, tree**: the owner sends once; ``k <= 3``: a chain starting on the
-  owner's node (one intra-node hop, then ``k - 1`` inter-node hops in
-  sequence); else a binomial tree starting off it (``1 + ceil(log2 k)``
-  inter-node hops on the critical path). Each round after the first is one
-  more ``Alltoall`` + ``Alltoallv`` (``2 x latency``), and a classifying
-  pull pays one ``Allreduce`` (``2 ceil(log2 ranks) x latency``).
-- **push, today**: the owner's link receives ``c`` copies: ``c x G / B``.
-- **push, chain**: ``k`` inter-node hops in sequence (member to member,
-  the last to the owner), ``k`` more rounds, and an ids-only count exchange
-  (8 bytes per row from each member through the owner's link, one round).
+  but its own, one after the other: ``c_o = k - 1`` copies when the owner's
+  node is a member (else ``k``): ``a + c_o x G x b_inter``.
+- **pull, tree**: a chain (``k <= 3`` or ``c > 1``) starting on the owner's
+  node when it is a member (one intra-node piece, then ``k - 1`` inter-node
+  hops; else ``k``), pipelined: ``(hops + c - 1) x piece``; or, one piece
+  and ``k > 3``, a binomial tree starting off it, ``1 + ceil(log2 k)``
+  inter-node hops of ``a + G b``. The reply's count exchange (an
+  ``Alltoall``) adds ``ceil(log2 ranks) x a``.
+- **push, today**: the owner's link receives ``c_o`` copies.
+- **push, chain**: ``k`` inter-node hops (member to member, the last to the
+  owner), pipelined: ``(k + c - 1) x piece``; the codes' reply and the cold
+  rows' own exchange add ``2 a``, and the codes (16 bytes per row and member)
+  leave through the owner's link.
 
-With ``HPCPAX_HOT_ROWS_CHUNKS=c > 1`` every group takes a chain and its
-rows go in ``c`` chunks one round apart (pipelining): ``k + c - 1`` rounds
-of ``G / c`` each way instead of ``k`` (or ``1 + ceil(log2 k)``) of ``G``.
-
-Both are linear in ``G`` (for ``rows >= c``): ``saved(G) = slope x G - fixed``. A group pays
-when ``saved > 0``, i.e. its saved owner bytes ``(k - 1) x G`` reach
-:func:`min_saved_bytes`; never when ``slope <= 0``. Store and forward costs
-a whole ``G / B`` per hop, so with the owner's node a member a tree saves
-owner time only from ``k = 7`` nodes (``(k - 1) + (k - 1)`` copies against
-``1 + ceil(log2 k) + k`` hops); with a dedicated server node (owner not a
-member) from ``k = 4``; pipelined in 4 chunks from ``k = 3``. :func:`decide` turns that into the plan's
-per-variable setting: the smallest ``k`` that can pay (``min_nodes``, 0:
-off) and the per-``k`` byte thresholds the owners apply to each group.
+For a given ``c`` both are linear in ``G``: a group pays when its saved owner
+bytes ``(k - 1) x G`` reach :func:`min_saved_bytes`, found over ``c = 1, 2,
+...`` in turn (more pieces pipeline better, so bigger groups pay more). One
+piece is store and forward: with the owner's node a member a tree then pays
+only from ``k = 7`` nodes; pipelined, from ``k = 3``. :func:`decide` turns that
+into the plan's per-variable setting: the smallest ``k`` that can pay
+(``min_nodes``, 0: off) and the per-``k`` byte thresholds the owners apply to
+each group.
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ from __future__ import annotations
 import math
 
 from ..options import options
+from ..ps.hot_groups import MAX_PIECES, pieces_of
 
 __all__ = ["tree_gain", "min_saved_bytes", "decide", "plan_entry"]
 
@@ -62,8 +63,32 @@ def _check(k, rows, row_bytes, ranks):
             raise ValueError(f"{label} must be >= {low}, not {value}")
 
 
+def _chunk_bytes(chunk_bytes):
+    return options.hot_rows_chunk_bytes if chunk_bytes is None else int(chunk_bytes)
+
+
+def _gain(k, rows, row_bytes, links, ranks, owner_in_group, pieces):
+    """:func:`tree_gain` with the number of pieces given."""
+    (a_in, b_in), (a_out, b_out) = links
+    g, c = float(rows) * row_bytes, pieces
+    copies = k - 1 if owner_in_group else k
+    pull_today = push_today = a_out + copies * g * b_out
+    piece = a_out + g / c * b_out
+    if k <= 3 or c > 1:  # a chain, from the owner's node when it is a member
+        pull_tree = ((k - 1 + c - 1) * piece + a_in + g / c * b_in if owner_in_group
+                     else (k + c - 1) * piece)
+    else:  # a binomial tree from a member off the owner's node
+        pull_tree = (1 + math.ceil(math.log2(k))) * (a_out + g * b_out)
+    pull_tree += math.ceil(math.log2(ranks)) * a_out  # the reply's count exchange
+    push_tree = (k + c - 1) * piece + 2 * a_out + 16 * k * rows * b_out
+    today, trees = pull_today + push_today, pull_tree + push_tree
+    return {"today_s": today, "trees_s": trees, "saved_s": today - trees,
+            "pull_saved_s": pull_today - pull_tree, "push_saved_s": push_today - push_tree,
+            "pieces": c}
+
+
 def tree_gain(k: int, rows: int, row_bytes: int, fabric, ranks: int,
-              owner_in_group: bool = True, chunks: int = 1) -> dict:
+              owner_in_group: bool = True, chunk_bytes: int | None = None) -> dict:
     """Seconds one group of hot rows takes today and by trees (pull + push).
 
     Not collective.
@@ -72,40 +97,21 @@ def tree_gain(k: int, rows: int, row_bytes: int, fabric, ranks: int,
         k: member nodes of the group (>= 2).
         rows: rows of the group; row_bytes: bytes of one row.
         fabric: :class:`~hpcpax.comm.fabric.Fabric` or its ``to_dict()``.
-        ranks: ranks of the job (prices the agreement ``Allreduce``).
+        ranks: ranks of the job (prices the reply's count exchange).
         owner_in_group: whether the owner's node is one of the ``k``.
-        chunks: ``HPCPAX_HOT_ROWS_CHUNKS`` (> 1: pipelined chains, ``k +
-            chunks - 1`` rounds of ``G / chunks`` each way).
+        chunk_bytes: ``HPCPAX_HOT_ROWS_CHUNK_BYTES`` (None: the option).
 
     Returns:
-        ``{"today_s", "trees_s", "saved_s", "pull_saved_s", "push_saved_s"}``
-        (``saved = today - trees``; negative: trees lose).
+        ``{"today_s", "trees_s", "saved_s", "pull_saved_s", "push_saved_s",
+        "pieces"}`` (``saved = today - trees``; negative: trees lose).
     """
     _check(k, rows, row_bytes, ranks)
-    (a_in, b_in), (a_out, b_out) = _links(fabric)
-    g = float(rows) * row_bytes
-    copies = k - 1 if owner_in_group else k
-    pull_today = a_out + copies * g * b_out
-    push_today = a_out + copies * g * b_out
-    agree = 2 * math.ceil(math.log2(ranks)) * a_out
-    c = int(chunks)
-    if c > 1 or k <= 3:  # a chain (from the owner's node when it is a member), c chunks
-        rounds = k + c - 1
-        pull_tree = (a_in + g / c * b_in + (k - 2 + c) * g / c * b_out if owner_in_group
-                     else rounds * g / c * b_out)
-    else:  # a binomial tree from a member off the owner's node
-        rounds = 1 + math.ceil(math.log2(k))
-        pull_tree = rounds * g * b_out
-    pull_tree += a_out + 2 * (rounds - 1) * a_out + agree
-    push_tree = ((k + c - 1) * (g / c * b_out + 2 * a_out)  # the chain's rounds
-                 + 2 * a_out + k * rows * 8 * b_out)  # the ids-only count exchange
-    today, trees = pull_today + push_today, pull_tree + push_tree
-    return {"today_s": today, "trees_s": trees, "saved_s": today - trees,
-            "pull_saved_s": pull_today - pull_tree, "push_saved_s": push_today - push_tree}
+    pieces = pieces_of(rows * row_bytes, _chunk_bytes(chunk_bytes))
+    return _gain(k, rows, row_bytes, _links(fabric), ranks, owner_in_group, pieces)
 
 
 def min_saved_bytes(k: int, row_bytes: int, fabric, ranks: int,
-                    owner_in_group: bool = True, chunks: int = 1):
+                    owner_in_group: bool = True, chunk_bytes: int | None = None):
     """Smallest saved owner bytes ``(k - 1) x rows x row_bytes`` at which a tree pays.
 
     Not collective. Returns an int, or ``None`` when no group of ``k``
@@ -113,18 +119,26 @@ def min_saved_bytes(k: int, row_bytes: int, fabric, ranks: int,
     saves).
     """
     _check(k, 0, row_bytes, ranks)
-    zero = tree_gain(k, 0, row_bytes, fabric, ranks, owner_in_group, chunks)["saved_s"]
-    one = tree_gain(k, 1, row_bytes, fabric, ranks, owner_in_group, chunks)["saved_s"]
-    slope = one - zero  # seconds saved per row (the model is linear in rows)
-    per_row = row_bytes * _links(fabric)[1][1]  # one row over an inter-node link
-    if slope <= 1e-9 * per_row:  # zero or negative, up to rounding
-        return None
-    rows = max(0, math.floor(-zero / slope) + 1)
-    return int((k - 1) * rows * row_bytes)
+    links, chunk = _links(fabric), _chunk_bytes(chunk_bytes)
+    per_row = row_bytes * links[1][1]  # one row over an inter-node link
+    top = 1 if chunk <= 0 else MAX_PIECES
+    for c in range(1, top + 1):  # rows in (low, high] go in c pieces
+        low = 0 if c == 1 else (c - 1) * chunk // row_bytes
+        high = None if c == top else c * chunk // row_bytes
+        if high is not None and high <= low:
+            continue
+        zero = _gain(k, 0, row_bytes, links, ranks, owner_in_group, c)["saved_s"]
+        slope = _gain(k, 1, row_bytes, links, ranks, owner_in_group, c)["saved_s"] - zero
+        if slope <= 1e-9 * per_row:  # zero or negative, up to rounding
+            continue
+        rows = max(low + (c > 1), math.floor(-zero / slope) + 1)
+        if high is None or rows <= high:
+            return int((k - 1) * rows * row_bytes)
+    return None
 
 
 def decide(num_nodes: int, row_bytes: int, fabric, ranks: int, setting="auto",
-           chunks: int = 1) -> dict:
+           chunk_bytes: int | None = None) -> dict:
     """The plan's hot-rows entry of one ``ps`` variable.
 
     Not collective.
@@ -135,7 +149,7 @@ def decide(num_nodes: int, row_bytes: int, fabric, ranks: int, setting="auto",
         ranks: ranks of the job.
         setting: ``"auto"`` (the cost model), ``"off"``, or an int ``m``
             (the fixed rule: ``HPCPAX_HOT_ROWS_MIN_BYTES`` for every group).
-        chunks: ``HPCPAX_HOT_ROWS_CHUNKS`` (see :func:`tree_gain`).
+        chunk_bytes: ``HPCPAX_HOT_ROWS_CHUNK_BYTES`` (None: the option).
 
     Returns:
         ``{"min_nodes": m, "min_saved_bytes": [...], "reason": str}``:
@@ -155,13 +169,14 @@ def decide(num_nodes: int, row_bytes: int, fabric, ranks: int, setting="auto",
         return {"min_nodes": 0, "min_saved_bytes": [],
                 "reason": "hot rows off: " + ("one node" if num_nodes < 2 else "no fabric")}
     ranks = max(2, int(ranks))
-    table = [None, None] + [min_saved_bytes(k, int(row_bytes), fabric, ranks, chunks=chunks)
+    table = [None, None] + [min_saved_bytes(k, int(row_bytes), fabric, ranks,
+                                            chunk_bytes=chunk_bytes)
                             for k in range(2, int(num_nodes) + 1)]
     paying = [k for k, b in enumerate(table) if b is not None]
     if not paying:
         return {"min_nodes": 0, "min_saved_bytes": [],
-                "reason": f"hot rows off: on {num_nodes} nodes a tree's hops "
-                          f"({chunks} chunk(s)) cost at least the owner copies it saves"}
+                "reason": f"hot rows off: on {num_nodes} nodes a tree's hops cost at least "
+                          "the owner copies it saves"}
     m = paying[0]
     return {"min_nodes": m, "min_saved_bytes": table,
             "reason": f"hot rows: groups of >= {m} nodes saving >= {table[m]} owner bytes"}
@@ -179,5 +194,4 @@ def plan_entry(spec, method: str, shape, fabric, setting="auto"):
     if isinstance(setting, dict):
         setting = setting.get(spec.name, "auto")
     ranks = shape.num_nodes * (shape.workers_per_node + shape.servers_per_node)
-    return decide(shape.num_nodes, spec.dim * spec.itemsize, fabric, ranks, setting,
-                  chunks=max(1, options.hot_rows_chunks))
+    return decide(shape.num_nodes, spec.dim * spec.itemsize, fabric, ranks, setting)

@@ -33,7 +33,7 @@ import numpy as np
 
 from ..ps.placement import assign_owners
 
-__all__ = ["Layout", "Routing", "routing_from_ids", "expected_routing", "step_bytes",
+__all__ = ["Layout", "Routing", "routing_from_ids", "expected_routing", "step_bytes", "owner_bytes",
            "HEADER_BYTES", "COUNT_BYTES", "INDEX_BYTES", "partition_shares"]
 
 HEADER_BYTES = 32  # op, variable, status, argument: four int64
@@ -317,6 +317,27 @@ def step_bytes(layout: Layout, routings: dict, dense_bytes=()) -> dict:
     for nbytes in dense_bytes:
         out.add_ranks("dense", workers, *_ring(layout, nbytes))
     return out.phases
+
+
+def owner_bytes(layout: Layout, routings: dict) -> dict:
+    """Owners' row bytes of one step, as the workers count them
+    (:meth:`~hpcpax.comm.accounting.Accounting.record_owner`; no hot-row trees).
+
+    ``{"egress", "egress_inter", "ingress", "ingress_inter"}``: rows owners
+    send (pulled rows) and receive (pushed ids and gradient rows), in all and
+    off their node, summed over the step's ``ps`` variables.
+    """
+    node = np.asarray(layout.node_of)
+    other = ~np.eye(layout.size, dtype=bool)
+    cross = node[:, None] != node[None, :]
+    out = dict.fromkeys(("egress", "egress_inter", "ingress", "ingress_inter"), 0.0)
+    for r in routings.values():
+        if r.method != "ps":
+            continue
+        for key, width in (("egress", r.row_bytes), ("ingress", INDEX_BYTES + r.row_bytes)):
+            out[key] += float((r.to_owner * width)[other].sum())
+            out[key + "_inter"] += float((r.to_owner * width)[cross].sum())
+    return out
 
 
 def ceil_div(a: float, b: float) -> int:

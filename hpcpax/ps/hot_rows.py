@@ -4,40 +4,47 @@ With node-local aggregation each node asks an owner for a row once, but a
 row that ``k`` nodes touch still leaves (pull) or reaches (push) its owner
 ``k`` times. Here the owner, which receives every node's ids anyway, counts
 the *sources* of each row (one per node under local aggregation, one per
-worker without it) and groups the rows by their exact set of sources ``S``.
-A group whose ``|S|`` reaches the variable's ``min_nodes`` and whose saved
-owner bytes, ``(|S| - 1) x rows x row bytes``, reach ``min_bytes`` (the
-price of the added rounds) takes a tree; the other rows move as before.
+worker without it) and groups the rows by their exact set of sources ``S``
+(:func:`~hpcpax.ps.hot_groups.classify`). A group whose ``|S|`` reaches the
+variable's ``min_nodes`` and whose saved owner bytes, ``(|S| - 1) x rows x
+row bytes``, reach the plan's threshold takes a tree; the other rows move
+as before.
 
-- **Pull**: the owner sends the group once, to the first member of ``S``
-  (:func:`_tree_order`: the owner's node link carries one copy); from
-  there a chain when ``|S| <= 3`` (each node forwards once), else a
-  binomial tree over ``S`` (round ``r >= 1``: member ``i < 2^(r-1)`` sends
-  to member ``i + 2^(r-1)``): ``1 + ceil(log2 |S|)`` rounds either way.
-  Every member needs every row of its group, so no row goes where it is
-  not wanted. Rows are copies: results equal today's exactly.
+Tree messages are point-to-point among exactly the members of each tree
+(:class:`~hpcpax.ps.tree_traffic.TreeTraffic`): nobody else takes part and
+nothing waits for a round; a member forwards a piece as soon as it has it.
+
+- **Pull**: one reply exchange (``Alltoall`` of counts, ``Alltoallv``)
+  brings each requester its cold rows as today plus, per group it is a
+  member of, the tree's *manifest* (members in tree order, pieces).
+  The owner sends the group once, to the first member
+  (:func:`~hpcpax.ps.hot_groups.tree_order`: a chain starts on the owner's
+  node, so the owner's link carries one copy), which forwards it down a
+  chain (``|S| <= 3`` or pipelined) or a binomial tree (member ``i`` sends
+  to ``i + 1, i + 2, i + 4, ...`` above it). Every member needs every row
+  of its group, so no row goes where it is not wanted. Rows are copies:
+  results equal today's exactly. Whether any owner chose a tree is agreed
+  by an ``Iallreduce`` that overlaps the trees.
 - **Push**, when the last pull of one of its variables chose a tree (so a
-  step without shared rows pays nothing more than one ``Allreduce`` in its
-  pull, and after such a pull only one pull in :data:`PROBE_EVERY` looks
-  again): before the values move, one ids-only exchange to the owners
-  (the *count exchange*) and one int64 per id back: cold, or the row's
-  position in its group's chain and the next hop. The chain runs through
-  ``S`` in ascending rank: member 0 sends ``0 + g_0``, member ``j`` adds its
-  own gradient to the partial it received, the last sends the sum to the
-  owner. That is the order in which the owner would have summed the rows it
-  received from ``S`` (``dedup_sum``: input order, sources by rank), so the
-  owner's sum is **bitwise** today's, in float64 and in float32 alike (the
-  partials are kept in the variable's dtype, as the owner's sum is).
-  ``|S|`` rounds: a chain, not a binomial tree, because only the chain
+  pull without shared rows costs a push nothing, and after such a pull only
+  one pull in :data:`PROBE_EVERY` looks again): one ids-only exchange to
+  the owners and two int64 per id back: cold, or the row's piece, its
+  predecessor and its next hop in its group's chain. Cold rows go to the
+  owners in one ``Alltoallv`` (counts known on both sides). The chain runs
+  through ``S`` in ascending rank: member 0 sends ``0 + g_0``, member ``j``
+  adds its own gradient to the partial it received, the last sends the sum
+  to the owner. That is the order in which the owner would have summed the
+  rows it received from ``S`` (``dedup_sum``: input order, sources by
+  rank), so the owner's sum is **bitwise** today's, in float64 and in
+  float32 alike (the partials are kept in the variable's dtype, as the
+  owner's sum is). A chain, not a binomial tree, because only the chain
   keeps the left-to-right order; a balanced tree would round differently.
-- **Pipelining** (``HPCPAX_HOT_ROWS_CHUNKS=c > 1``): every group takes a
-  chain and its rows go in ``c`` chunks, chunk ``j`` ``j`` rounds behind
-  chunk 0, so a member forwards one chunk while the next arrives:
-  ``|S| + c - 1`` rounds of ``1/c`` of the bytes. Each row keeps its path
-  and order, so results stay bitwise today's.
+- **Pipelining**: a group larger than ``HPCPAX_HOT_ROWS_CHUNK_BYTES``
+  (256 KiB) goes in pieces of about that size (at most
+  :data:`~hpcpax.ps.hot_groups.MAX_PIECES`), each on its own, down a
+  chain: a member forwards one piece while the next arrives. Each row
+  keeps its path and order, so results stay bitwise today's.
 
-Every round is one ``Alltoall`` of counts and one ``Alltoallv`` over
-``topology.comm``; the number of rounds is agreed by one ``Allreduce``.
 Bytes: what owners send (pull) or receive (push) is counted in ``pull`` /
 ``push`` as before; what tree members forward to each other in ``relay``.
 Every function is **collective** over ``topology.comm``.
@@ -45,14 +52,14 @@ Every function is **collective** over ``topology.comm``.
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 
 from ..backend import to_host
 from ..comm.exchange import alltoallv_many, exchange_counts_many
+from ..comm.polling import Backoff, wait_all
 from ..options import options
-from .hot_groups import classify
+from .hot_groups import children_of, chunk_sizes, classify, parent_of, tree_order
+from .tree_traffic import POLL_FRACTION, TreeTraffic
 
 __all__ = ["HotRows", "classify", "pull_reply", "push_chain"]
 
@@ -147,46 +154,35 @@ class HotRows:
         return 0 if value < 2 else int(value)
 
 
-def _binomial_rounds(k) -> int:
-    return 1 + int(np.ceil(np.log2(k))) if k > 1 else 1
+def poll_cap(topology) -> float:
+    """How a tree member waits: 0 inside MPI, or polling with this cap
+    (``options.poll_seconds``) on a host with more ranks than cores, where a
+    member spinning in MPI takes the core of the member it waits for (a
+    chain is as slow as its members' turns on the cores)."""
+    return float(options.poll_seconds) if topology.oversubscribed else 0.0
 
 
-def _agree_rounds(comm, rounds) -> int:
-    from mpi4py import MPI
+def _owner_pieces(var, ids, counts, policy, first, limit):
+    """An owner's chosen groups of one variable, numbered into pieces.
 
-    return int(comm.allreduce(int(rounds), op=MPI.MAX))
-
-
-def _round(comm, accounting, slots):
-    """One round: ``slots`` of ``(phase, name, likes, parts)``; parts[d] lists arrays for d.
-
-    Returns per slot the received arrays (rows by source). The counts'
-    bytes go to the phase of the first slot, row bytes to each slot's phase.
+    Returns ``(group, chosen)``: per received id its group index or -1
+    (cold), and per group ``(members, unique ids, first piece, chunk
+    sizes)``; pieces are numbered from ``first`` up, and groups that would
+    pass ``limit`` pieces move as today (tags are finite).
     """
-    size = comm.Get_size()
-    start = time.perf_counter()
-    send = np.zeros((size, len(slots)), np.int64)
-    arrays = []
-    for s, (_, _, likes, parts) in enumerate(slots):
-        for d, part in parts.items():
-            send[d, s] = len(part[0])
-        order = sorted(parts)
-        arrays.append([np.concatenate([like[:0]] + [parts[d][j] for d in order])
-                       for j, like in enumerate(likes)])
-    recv = exchange_counts_many(comm, send)
-    out = alltoallv_many(comm, send, recv, arrays)
-    seconds = time.perf_counter() - start
-    if accounting is not None:
-        widths = np.array([sum(int(np.prod(a.shape[1:], dtype=np.int64)) * a.itemsize
-                               for a in likes) for _, _, likes, _ in slots], np.int64)
-        eight = np.full((1, size), 8 * len(slots), np.int64)
-        accounting.record_batched_exchange(slots[0][0], [slots[0][1]], eight, eight, calls=0)
-        for phase in dict.fromkeys(p for p, _, _, _ in slots):
-            idx = [s for s, slot in enumerate(slots) if slot[0] == phase]
-            accounting.record_batched_exchange(
-                phase, [slots[s][1] for s in idx], (send[:, idx] * widths[idx]).T,
-                (recv[:, idx] * widths[idx]).T, seconds if phase == slots[0][0] else 0.0)
-    return out
+    name = var.spec.name
+    group, found = classify(ids, counts, policy.min_nodes(name), policy.thresholds(name),
+                            var.spec.row_bytes)
+    chosen = []
+    for index, (members, unique) in enumerate(found):
+        sizes = chunk_sizes(len(unique), var.spec.row_bytes, options.hot_rows_chunk_bytes)
+        if first + len(sizes) > limit:
+            group[group == index] = -1
+            continue
+        group[group == index] = len(chosen)
+        chosen.append((members, unique, first, sizes))
+        first += len(sizes)
+    return group, chosen
 
 
 def pull_reply(topology, variables, hop, wanted, policy, gather) -> tuple:
@@ -198,110 +194,92 @@ def pull_reply(topology, variables, hop, wanted, policy, gather) -> tuple:
     ``hop.reply`` would) and whether any owner chose a tree (the same on
     every rank).
     """
-    comm, acct, me = topology.comm, topology.accounting, topology.rank
-    rows, groups, rounds = [], [], 0
-    chunks = max(1, options.hot_rows_chunks)
+    from mpi4py import MPI
+
+    comm, acct, me, size = topology.comm, topology.accounting, topology.rank, topology.size
+    names = [v.spec.name for v in variables]
+    traffic = TreeTraffic(comm, acct, names, "pull")
+    pieces, groups = 0, []
     for k, (var, (ids,)) in enumerate(zip(variables, wanted)):
-        rows.append(gather(var, ids))
-        g, found, r = classify(ids, hop.recv_counts[:, k], policy.min_nodes(var.spec.name),
-                               policy.thresholds(var.spec.name), var.spec.row_bytes,
-                               _binomial_rounds if chunks == 1 else lambda n: n + chunks - 1)
-        groups.append((g, found))
-        rounds = max(rounds, r)
-    total = _agree_rounds(comm, rounds)
-    if total == 0:
-        return hop.reply(rows), False
-    held = []  # (k, members, ids, rows, is_root, first round, chain)
-    node_of = topology.node_of
-    for k, (var, (g, found)) in enumerate(zip(variables, groups)):
-        for members, ids in found:
-            chain = len(members) <= 3 or chunks > 1
-            order = _tree_order(members, node_of, me, chain)
-            got = gather(var, ids)
-            for j, part in enumerate(np.array_split(np.arange(len(ids)), min(chunks, len(ids)))):
-                held.append((k, order, ids[part], got[part], True, j, chain))
+        group, chosen = _owner_pieces(var, ids, hop.recv_counts[:, k], policy, pieces,
+                                      traffic.pieces_per_owner)
+        groups.append((group, chosen))
+        pieces += sum(len(sizes) for _, _, _, sizes in chosen)
+    chose = np.array([pieces > 0], np.int64)
+    agreed = np.zeros(1, np.int64)
+    agreement = comm.Iallreduce(chose, agreed, op=MPI.MAX)  # overlaps the trees
+    # the reply: each requester's cold rows, and the manifest of each tree it is in
+    counts = np.zeros((size, 2 * len(variables)), np.int64)
+    arrays = []
+    for k, (var, (ids,)) in enumerate(zip(variables, wanted)):
+        group, chosen = groups[k]
+        src = np.repeat(np.arange(size, dtype=np.int64), hop.recv_counts[:, k])
+        cold = group < 0
+        manifests = {}
+        for members, unique, first, sizes in chosen:
+            chain = len(members) <= 3 or len(sizes) > 1  # pieces need a chain to pipeline
+            order = tree_order(members, topology.node_of, me, chain)
+            record = [first, len(sizes), int(chain), len(order)]
+            record += order.tolist() + list(sizes)
+            for member in order.tolist():
+                manifests.setdefault(member, []).extend(record)
+            rows = gather(var, unique)
+            at = np.cumsum([0] + sizes)
+            for j in range(len(sizes)):
+                part = slice(at[j], at[j + 1])
+                traffic.send(order[0], traffic.tag(me, first + j), [unique[part], rows[part]],
+                             "pull", k)
+        counts[:, 2 * k] = [len(manifests.get(d, ())) for d in range(size)]
+        counts[:, 2 * k + 1] = np.bincount(src[cold], minlength=size)
+        arrays.append([np.array([x for d in range(size) for x in manifests.get(d, ())],
+                                np.int64)])
+        arrays.append([gather(var, ids[cold])])
+    twice = [n for n in names for _ in (0, 1)]
+    received = exchange_counts_many(comm, counts, acct, "pull", twice)
+    out = alltoallv_many(comm, counts, received, arrays, acct, "pull", twice)
     hot = [[] for _ in variables]
-    cold = [None] * len(variables)
-    for r in range(total):
-        slots = []
-        for k, var in enumerate(variables):
-            sends = {True: ({}, {}), False: ({}, {})}  # root's and relays' (meta, data)
-            for hk, members, ids, hrows, root, first, chain in held:
-                if hk != k:
-                    continue
-                meta, data = sends[root or chunks == 1]
-                for dest in _children(members, me, r - first, root, chain):
-                    meta.setdefault(dest, []).append(np.concatenate(
-                        [[me, len(members)], members, [len(ids), first, chain]]).astype(np.int64))
-                    data.setdefault(dest, []).append((ids, hrows))
-            likes_meta = [np.zeros(0, np.int64)]
-            likes_data = [np.zeros(0, np.int64), np.zeros((0, var.spec.dim), var.spec.dtype)]
-            for root in (True, False)[:1 if chunks == 1 else 2]:
-                meta, data = sends[root]
-                phase = "pull" if (r == 0 if chunks == 1 else root) else RELAY
-                slots.append((phase, var.spec.name, likes_meta,
-                              {d: [np.concatenate(m)] for d, m in meta.items()}))
-                slots.append((phase, var.spec.name, likes_data,
-                              {d: [np.concatenate([i for i, _ in v]),
-                                   np.concatenate([x for _, x in v])] for d, v in data.items()}))
-            if r == 0:
-                g = groups[k][0]
-                keep = g < 0
-                src = np.repeat(np.arange(comm.Get_size()), hop.recv_counts[:, k])
-                slots.append(("pull", var.spec.name, [likes_data[1]],
-                              {int(d): [rows[k][keep & (src == d)]]
-                               for d in np.unique(src[keep])}))
-        out = _round(comm, acct, slots)
-        pairs = 1 if chunks == 1 else 2
-        per = 2 * pairs + (r == 0)
-        for k in range(len(variables)):
-            got = out[k * per:(k + 1) * per]
-            for p in range(pairs):
-                _receive(held, hot[k], k, got[2 * p][0], got[2 * p + 1])
-            if r == 0:
-                cold[k] = got[-1][0]
-    return [_assemble(hop, k, hot[k], cold[k], var) for k, var in enumerate(variables)], True
+    if acct is not None:  # the cold rows from their owners (the pieces are counted below)
+        acct.record_owner("egress", sum(received[:, 2 * k + 1] * var.spec.row_bytes
+                                        for k, var in enumerate(variables)))
+    for k, var in enumerate(variables):
+        _follow_manifests(traffic, k, var, out[2 * k][0], received[:, 2 * k], me, hot[k])
+    cap = poll_cap(topology)
+    traffic.run(cap)
+    if cap > 0:
+        wait_all([agreement], backoff=Backoff(cap, fraction=POLL_FRACTION))
+    else:
+        agreement.Wait()
+    if not agreed[0]:
+        return [_assemble(hop, k, [], out[2 * k + 1][0], var)
+                for k, var in enumerate(variables)], False
+    return [_assemble(hop, k, hot[k], out[2 * k + 1][0], var)
+            for k, var in enumerate(variables)], True
 
 
-def _tree_order(members, node_of, owner, chain):
-    """Members in tree order: a chain starts on the owner's node (one intra-node
-    copy, then one copy leaves it); a binomial tree starts off it (its first
-    member forwards ``log2 k`` copies over its own link, not the owner's)."""
-    local = (node_of[members] == node_of[owner]).tolist()
-    keys = [(is_local != chain, int(m)) for is_local, m in zip(local, members)]
-    return np.array([m for _, m in sorted(keys)], np.int64)
+def _follow_manifests(traffic, k, var, manifests, per_owner, me, hot):
+    """Post a member's receives (and the forwards they trigger) of its trees."""
+    owners = np.repeat(np.arange(len(per_owner)), per_owner)
+    pos = 0
+    while pos < len(manifests):
+        owner = int(owners[pos])
+        first, n_chunks, chain, k_members = (int(x) for x in manifests[pos:pos + 4])
+        order = manifests[pos + 4:pos + 4 + k_members]
+        sizes = manifests[pos + 4 + k_members:pos + 4 + k_members + n_chunks].tolist()
+        pos += 4 + k_members + n_chunks
+        i = int(np.flatnonzero(order == me)[0])
+        up = parent_of(i, chain)
+        source, phase = (owner, "pull") if up < 0 else (int(order[up]), "relay")
+        below = [int(order[c]) for c in children_of(i, k_members, chain)]
+        for j, n in enumerate(sizes):
+            tag = traffic.tag(owner, first + j)
 
+            def arrived(arrays, tag=tag, below=below):
+                hot.append(tuple(arrays))
+                for child in below:
+                    traffic.send(child, tag, arrays, "relay", k)
 
-def _children(members, me, r, root, chain):
-    """Who I send a group (or a chunk of it) to in its round ``r`` (root: the owner).
-
-    A chain (every node forwards once) or a binomial tree; ``r`` counts
-    from the chunk's first round.
-    """
-    if root:
-        return [int(members[0])] if r == 0 else []
-    if r <= 0:
-        return []
-    i = int(np.flatnonzero(members == me)[0])
-    if chain:
-        return [int(members[i + 1])] if r == i + 1 and i + 1 < len(members) else []
-    step = 1 << (r - 1)
-    return [int(members[i + step])] if i < step and i + step < len(members) else []
-
-
-def _receive(held, hot, k, meta, data):
-    """Take the groups received in a round: keep their rows, hold them to forward."""
-    ids_all, rows_all = data
-    pos, at = 0, 0
-    while pos < len(meta):
-        n_members = int(meta[pos + 1])
-        members = meta[pos + 2:pos + 2 + n_members]
-        n, first, chain = (int(x) for x in meta[pos + 2 + n_members:pos + 5 + n_members])
-        pos += 5 + n_members
-        ids, rows = ids_all[at:at + n], rows_all[at:at + n]
-        at += n
-        hot.append((ids, rows))
-        held.append((k, members, ids, rows, False, first, bool(chain)))
+            traffic.expect(source, tag, [((n,), np.int64), ((n, var.spec.dim), var.spec.dtype)],
+                           phase, k, arrived, owner="egress" if up < 0 else None)
 
 
 def _assemble(hop, k, hot, cold, var):
@@ -328,79 +306,83 @@ def push_chain(topology, variables, hop, ids, values, policy, apply) -> None:
     of ``ids`` (not yet sent); ``values`` the gradient rows of ``ids``;
     ``apply(var, ids, rows)`` the owner's sum-and-update (today's).
     """
-    comm, acct, size = topology.comm, topology.accounting, topology.comm.Get_size()
+    comm, acct, me, size = topology.comm, topology.accounting, topology.rank, topology.size
+    names = [v.spec.name for v in variables]
+    traffic = TreeTraffic(comm, acct, names, "push")
     wanted = hop.send()
-    codes, cold_masks, rounds = [], [], 0
-    chunks = max(1, options.hot_rows_chunks)
+    codes, cold_masks, finals, pieces = [], [], [[] for _ in variables], 0
     for k, (var, (got,)) in enumerate(zip(variables, wanted)):
-        g, found, r = classify(got, hop.recv_counts[:, k], policy.min_nodes(var.spec.name),
-                               policy.thresholds(var.spec.name), var.spec.row_bytes,
-                               lambda n: n + chunks - 1)
+        group, chosen = _owner_pieces(var, got, hop.recv_counts[:, k], policy, pieces,
+                                      traffic.pieces_per_owner)
         src = np.repeat(np.arange(size, dtype=np.int64), hop.recv_counts[:, k])
-        code = np.full(len(got), -1, np.int64)
-        for index, (members, unique) in enumerate(found):
-            sel = np.flatnonzero(g == index)
+        code = np.full((len(got), 2), -1, np.int64)  # [piece * 4 + last * 2 + head, next * size + prev]
+        for index, (members, unique, first, sizes) in enumerate(chosen):
+            sel = np.flatnonzero(group == index)
             position = np.searchsorted(members, src[sel])
-            last = position == len(members) - 1
-            nxt = np.append(members, topology.rank)[position + 1]
-            # chunk c of the group's rows runs c rounds behind chunk 0 (pipelining)
-            chunk = np.searchsorted(unique, got[sel]) * min(chunks, len(unique)) // len(unique)
-            code[sel] = ((2 * (position + chunk) + last) * 2 + (position == 0)) * size + nxt
+            head, last = position == 0, position == len(members) - 1
+            nxt = np.append(members, me)[position + 1]
+            prev = np.append(members, members[0])[position - 1]
+            chunk = np.searchsorted(np.cumsum(sizes), np.searchsorted(unique, got[sel]),
+                                    side="right")
+            code[sel, 0] = (first + chunk) * 4 + 2 * last + head
+            code[sel, 1] = nxt * size + prev
+            at = np.cumsum([0] + sizes)
+            for j in range(len(sizes)):
+                part = unique[at[j]:at[j + 1]]
+                traffic.expect(members[-1], traffic.tag(me, first + j),
+                               [((len(part), var.spec.dim), var.spec.dtype)], "push", k,
+                               lambda arrays, part=part, k=k: finals[k].append((part, arrays[0])))
+            pieces += len(sizes)
         codes.append(code)
-        cold_masks.append(g < 0)
-        rounds = max(rounds, r)
+        cold_masks.append(group < 0)
     mine = hop.reply(codes)
-    total = max(_agree_rounds(comm, rounds), 1)
-    packed = []  # per variable: (ids, values, code, destination) in packed order
+    send_cold = np.zeros((size, len(variables)), np.int64)
+    recv_cold = np.zeros((size, len(variables)), np.int64)
+    arrays = []
     for k, var in enumerate(variables):
         order = hop.orders[k]
-        packed.append((hop.arrays[k][0], np.asarray(to_host(values[k]))[order], mine[k][order],
-                       np.repeat(np.arange(size), hop.send_counts[:, k])))
-    partial = [(np.zeros(0, np.int64), None) for _ in variables]
-    finals = [[] for _ in variables]
-    cold_rows = [None] * len(variables)
-    for r in range(total):
-        slots = []
-        for k, var in enumerate(variables):
-            p_ids, p_values, code, dest_owner = packed[k]
-            like = [np.zeros(0, np.int64), np.zeros((0, var.spec.dim), var.spec.dtype)]
-            step, nxt = np.divmod(code, size)
-            step, head = np.divmod(step, 2)
-            when, last = np.divmod(step, 2)
-            at = np.flatnonzero((code >= 0) & (when == r))
-            acc = _accumulate(p_ids[at], p_values[at], partial[k], head[at] == 1)
-            at_ids, dest, end = p_ids[at], nxt[at], last[at] == 1
-            final = {int(d): [at_ids[end & (dest == d)], acc[end & (dest == d)]]
-                     for d in np.unique(dest[end])}
-            relay = {int(d): [at_ids[~end & (dest == d)], acc[~end & (dest == d)]]
-                     for d in np.unique(dest[~end])}
-            slots.append(("push", var.spec.name, like, final))
-            if r == 0:
-                c = code < 0
-                slots.append(("push", var.spec.name, [like[1]],
-                              {int(d): [p_values[c & (dest_owner == d)]]
-                               for d in np.unique(dest_owner[c])}))
-            slots.append((RELAY, var.spec.name, like, relay))
-        out = _round(comm, acct, slots)
-        per = 3 if r == 0 else 2
-        for k in range(len(variables)):
-            got = out[k * per:(k + 1) * per]
-            finals[k].append(got[0])
-            partial[k] = tuple(got[-1])
-            if r == 0:
-                cold_rows[k] = got[1][0]
+        p_ids = hop.arrays[k][0]
+        p_values = np.asarray(to_host(values[k]), var.spec.dtype)[order]
+        code = mine[k][order]
+        owner_of = np.repeat(np.arange(size), hop.send_counts[:, k])
+        cold = code[:, 0] < 0
+        send_cold[:, k] = np.bincount(owner_of[cold], minlength=size)
+        recv_cold[:, k] = np.bincount(
+            np.repeat(np.arange(size), hop.recv_counts[:, k])[cold_masks[k]], minlength=size)
+        arrays.append([p_values[cold]])
+        _post_chain(traffic, k, var, p_ids[~cold], p_values[~cold], code[~cold],
+                    owner_of[~cold], size)
+    cold_rows = alltoallv_many(comm, send_cold, recv_cold, arrays, acct, "push", names)
+    if acct is not None:  # every id, and the cold rows (the chains' sums are counted below)
+        acct.record_owner("ingress", hop.send_counts @ hop.widths + sum(
+            send_cold[:, k] * var.spec.row_bytes for k, var in enumerate(variables)))
+    traffic.run(poll_cap(topology))
     for k, var in enumerate(variables):
-        all_ids = np.concatenate([wanted[k][0][cold_masks[k]]] + [f[0] for f in finals[k]])
-        all_rows = np.concatenate([cold_rows[k]] + [f[1] for f in finals[k]])
+        all_ids = np.concatenate([wanted[k][0][cold_masks[k]]] + [i for i, _ in finals[k]])
+        all_rows = np.concatenate([cold_rows[k][0]] + [x for _, x in finals[k]])
         apply(var, all_ids, all_rows)
 
 
-def _accumulate(ids, own, partial, head):
-    """``0 + own`` at a chain's head, else the received partial + own (same dtype)."""
-    out = np.zeros_like(own) + own
-    rest = np.flatnonzero(~head)
-    if len(rest):
-        got_ids, got_rows = partial
-        sort = np.argsort(got_ids, kind="stable")
-        out[rest] = got_rows[sort[np.searchsorted(got_ids[sort], ids[rest])]] + own[rest]
-    return out
+def _post_chain(traffic, k, var, ids, own, code, owner_of, size):
+    """A member's links of its hot rows' chains: send at a head, else add and pass on."""
+    piece, flags = np.divmod(code[:, 0], 4)
+    nxt, prev = np.divmod(code[:, 1], size)
+    key = owner_of * (piece.max(initial=0) + 1) + piece
+    order = np.lexsort((ids, key))  # by (owner, piece), then id: the owner's row order
+    bounds = np.flatnonzero(np.diff(key[order])) + 1
+    for sel in np.split(order, bounds) if len(order) else []:
+        first = sel[0]
+        tag = traffic.tag(owner_of[first], piece[first])
+        dest = int(nxt[first])
+        phase = "push" if flags[first] & 2 else "relay"
+        mine = own[sel]
+        owner = "ingress" if flags[first] & 2 else None  # the last sends the sum to the owner
+        if flags[first] & 1:  # the chain's head: 0 + its own gradient
+            traffic.send(dest, tag, [np.zeros_like(mine) + mine], phase, k, owner)
+            continue
+
+        def arrived(arrays, mine=mine, dest=dest, tag=tag, phase=phase, owner=owner):
+            traffic.send(dest, tag, [arrays[0] + mine], phase, k, owner)
+
+        traffic.expect(int(prev[first]), tag, [(mine.shape, var.spec.dtype)], "relay", k,
+                       arrived)

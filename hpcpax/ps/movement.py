@@ -66,6 +66,9 @@ class Hop:
             self.orders.append(to_host(packed.order))
             self.arrays.append([to_host(packed.indices)] if values is None else
                                [to_host(packed.indices), to_host(packed.values)])
+        #: Bytes of one packed row of each variable (its arrays together).
+        self.widths = np.array([sum(a.itemsize * int(np.prod(a.shape[1:], dtype=np.int64))
+                                    for a in arrays) for arrays in self.arrays], np.int64)
         self.recv_counts = exchange_counts_many(comm, self.send_counts, accounting, phase,
                                                 self.names, ranks)
 
@@ -149,6 +152,8 @@ class DataMovement:
         else:
             rows = [self._gather(v, ids) for v, (ids,) in zip(variables, wanted)]
             result = owner.reply(rows)
+            self.topology.accounting.record_owner("egress", sum(
+                owner.send_counts[:, k] * v.spec.row_bytes for k, v in enumerate(variables)))
         if la:
             back = node.reply([result[k][inverse] for k, inverse in zip(la, inverses)])
             for k, rows_k in zip(la, back):
@@ -179,6 +184,7 @@ class DataMovement:
             push_chain(self.topology, variables, hop, ids, values, self.hot, self._apply)
             return
         owner = self._owner_hop("push", variables, ids, values)
+        acct.record_owner("ingress", owner.send_counts @ owner.widths)
         for var, (got_ids, got_values) in zip(variables, owner.send()):
             self._apply(var, got_ids, got_values)
 

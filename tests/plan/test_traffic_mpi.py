@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from hpcpax.app.trainer import Trainer
-from hpcpax.plan.traffic import Layout, routing_from_ids, step_bytes
+from hpcpax.plan.traffic import Layout, owner_bytes, routing_from_ids, step_bytes
 
 TINY = {"vocab_size": 400, "context": 3, "emb_dim": 8, "hidden": [16], "out_dim": 8,
         "num_sampled": 16, "global_batch": 24, "synthetic_samples": 3000, "steps": 4,
@@ -47,6 +47,10 @@ def _mismatches(trainer, run_dir, layout):
                 got = int(row["bytes"].get(phase, {}).get(field, 0))
                 if want != got:
                     out.append((phase, field, row["step"], got, want))
+        owners = {k: int(round(v)) for k, v in owner_bytes(layout, routings).items()}
+        got = row.get("owner", dict.fromkeys(owners, 0))
+        if got != owners:
+            out.append(("owner", "", row["step"], got, owners))
     return out
 
 

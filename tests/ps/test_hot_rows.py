@@ -13,6 +13,7 @@ from mpi4py import MPI
 
 import hpcpax
 from hpcpax import ParameterServer, SparseVariableSpec
+from hpcpax.ps.hot_groups import children_of, chunk_sizes, parent_of
 from hpcpax.ps.hot_rows import HotRows, classify
 from hpcpax.ps.sparse_grad import SparseGrad
 from step_data import zipf_grad, zipf_ids
@@ -72,18 +73,18 @@ def every_row_hot():
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("la", [True, False])
 @pytest.mark.parametrize("servers,rpn", [(0, None), (0, 1), (1, 2), (0, 2)])
-@pytest.mark.parametrize("chunks", [1, 3])
-def test_hot_rows_equal_todays_path(comm, every_row_hot, la, servers, rpn, chunks):
+@pytest.mark.parametrize("chunk_bytes", [0, 48])
+def test_hot_rows_equal_todays_path(comm, every_row_hot, la, servers, rpn, chunk_bytes):
     if servers and servers >= min(rpn or comm.Get_size(), comm.Get_size()):
         pytest.skip("layout leaves a node with no worker")
     topo = hpcpax.init(ranks_per_node=rpn, servers_per_node=servers)
     try:
         today = run(topo, la, 0)
-        hpcpax.options.hot_rows_chunks = chunks  # pipelined chains: still exact
+        hpcpax.options.hot_rows_chunk_bytes = chunk_bytes  # pipelined pieces: still exact
         try:
             trees = run(topo, la, 2, batched=comm.Get_size() != 3)
         finally:
-            del hpcpax.options.hot_rows_chunks
+            del hpcpax.options.hot_rows_chunk_bytes
         ok = True
         for one, two in zip(today[0], trees[0]):
             for name in one:
@@ -98,9 +99,6 @@ def test_hot_rows_equal_todays_path(comm, every_row_hot, la, servers, rpn, chunk
         nodes = {int(topo.node_of[w]) for w in topo.worker_ranks}
         sources = len(nodes) if la else topo.num_workers
         ok &= (relayed > 0) == (sources >= 2)
-        if chunks > 1 and relayed:  # the chunks took more (smaller) rounds than one piece
-            calls = trees[2]["phases"]["relay"]["calls"]
-            ok &= calls > run(topo, la, 2)[2]["phases"]["relay"]["calls"]
         assert comm.allreduce(bool(ok), op=MPI.LAND)
     finally:
         topo.free()
@@ -110,21 +108,20 @@ def test_classify_groups_rows_by_their_sources():
     # sources 0, 1, 2 send: row 5 from all, row 7 from 0 and 2, row 9 from 1 only
     ids = np.array([5, 7, 5, 9, 5, 7], np.int64)
     counts = np.array([2, 2, 2])
-    group, groups, rounds = classify(ids, counts, 2, 0, 8, lambda k: k)
+    group, groups = classify(ids, counts, 2, 0, 8)
     assert [m.tolist() for m, _ in groups] == [[0, 2], [0, 1, 2]]
     assert [i.tolist() for _, i in groups] == [[7], [5]]
     assert group.tolist() == [1, 0, 1, -1, 1, 0]
-    assert rounds == 3
     # min_bytes: (members - 1) x rows x row bytes must reach it
-    group, groups, rounds = classify(ids, counts, 2, 16, 8, lambda k: k)
-    assert [m.tolist() for m, _ in groups] == [[0, 1, 2]] and rounds == 3
-    assert classify(ids, counts, 4, 0, 8, lambda k: k)[2] == 0
+    group, groups = classify(ids, counts, 2, 16, 8)
+    assert [m.tolist() for m, _ in groups] == [[0, 1, 2]]
+    assert classify(ids, counts, 4, 0, 8)[1] == []
     # a plan's per-k thresholds: groups of 2 never, of 3 from 16 saved bytes
-    group, groups, _ = classify(ids, counts, 2, [None, None, None, 16], 8, lambda k: k)
+    group, groups = classify(ids, counts, 2, [None, None, None, 16], 8)
     assert [m.tolist() for m, _ in groups] == [[0, 1, 2]]
     assert group.tolist() == [0, -1, 0, -1, 0, -1]
-    assert classify(ids, counts, 2, [None, None, None, 17], 8, lambda k: k)[2] == 0
-    assert classify(ids, counts, 2, [None, None, 0], 8, lambda k: k)[1][0][0].tolist() == [0, 2]
+    assert classify(ids, counts, 2, [None, None, None, 17], 8)[1] == []
+    assert classify(ids, counts, 2, [None, None, 0], 8)[1][0][0].tolist() == [0, 2]
 
 
 def test_a_plan_sets_one_variable():
@@ -149,10 +146,12 @@ def test_hot_rows_setting_is_checked():
         HotRows("3")
 
 
-def expected_bytes(topo, var, uniq, rb):
-    """{phase: sent bytes of this rank} for one pull and one push (one node per worker)."""
-    me, size = topo.rank, topo.size
-    out = {"pull": 0, "push": 0, "relay": 0}
+def expected_bytes(topo, var, uniq, rb, chunk_bytes):
+    """{phase: sent bytes of this rank} for one pull and one push (one node per worker),
+    and this rank's owner ``egress`` (rows it got from owners) and ``ingress``
+    (ids and rows it sent them)."""
+    me, size, node_of = topo.rank, topo.size, topo.node_of
+    out = {"pull": 0, "push": 0, "relay": 0, "egress": 0, "ingress": 0}
     owner_of = {w: var.layout.dest_of(ids) for w, ids in uniq.items()}
     sources = {}
     for w, ids in uniq.items():
@@ -166,58 +165,61 @@ def expected_bytes(topo, var, uniq, rb):
     hot = {x for rows in groups.values() for x in rows}
     peers = 8 * (size - 1)
     mine = uniq.get(me, np.zeros(0, np.int64))
-    to_others = int((owner_of[me] != me).sum()) if me in uniq else 0
+    mine_owner = owner_of.get(me, np.zeros(0, np.int64))
+    to_others = int((mine_owner != me).sum())
+    cold_to_others = int(((mine_owner != me) & ~np.isin(mine, list(hot))).sum())
     asked_me = sum(int((owner_of[w] == me).sum()) for w in uniq if w != me)
     cold_asked_me = sum(int(((owner_of[w] == me) & ~np.isin(uniq[w], list(hot))).sum())
                         for w in uniq if w != me)
-    # pull: requests, then the owner's reply (today) or round 0 and the tree's relays
-    out["pull"] += peers + 8 * to_others
-    rounds = max([1 + int(np.ceil(np.log2(len(m)))) for _, m in groups] or [0])
-    if rounds == 0:
-        out["pull"] += rb * asked_me
-    else:
-        out["pull"] += 3 * peers + rb * cold_asked_me
-        out["relay"] += 2 * peers * (rounds - 1)
+    if not groups:  # no tree: the classifying pull's reply, then today's push
+        out["pull"] += peers + 8 * to_others + 2 * peers + rb * asked_me
+        out["push"] += peers + (8 + rb) * to_others
+        out["egress"], out["ingress"] = rb * to_others, (8 + rb) * to_others
+        return out
+    # pull: the requests; the reply (counts of manifests and cold rows, both);
+    # the owner's one copy of each group to its tree's first member, the forwards
+    out["pull"] += peers + 8 * to_others + 2 * peers + rb * cold_asked_me
+    out["egress"] += rb * cold_to_others
     for (owner, members), rows in groups.items():
-        message = 8 * (5 + len(members)) + len(rows) * (8 + rb)
-        # a chain (up to 3 members) starts on the owner's node, a binomial tree off it
-        chain = len(members) <= 3
-        tree = sorted(members, key=lambda m: ((topo.node_of[m] == topo.node_of[owner]) != chain,
-                                              m))
-        if owner == me and tree[0] != me:
-            out["pull"] += message
+        n, k = len(rows), len(members)
+        pieces = len(chunk_sizes(n, rb, chunk_bytes))
+        chain = k <= 3 or pieces > 1
+        # a chain starts on the owner's node, a binomial tree off it
+        tree = sorted(members, key=lambda m: ((node_of[m] == node_of[owner]) != chain, m))
+        if owner == me:
+            out["pull"] += 8 * (4 + k + pieces) * sum(m != me for m in tree)  # manifests
+            out["pull"] += (8 + rb) * n * (tree[0] != me)
         if me in tree:
             i = tree.index(me)
-            for r in range(1, rounds):
-                step = 1 << (r - 1)
-                if len(tree) <= 3:
-                    out["relay"] += message * (r == i + 1 and i + 1 < len(tree))
-                elif i < step and i + step < len(tree):
-                    out["relay"] += message
-    # push: ids, codes back, chain rounds (cold rows in round 0; counts in push)
-    if rounds == 0:  # the pull chose no tree: today's push
-        out["push"] += peers + (8 + rb) * to_others
-        return out
-    chain = max(len(m) for _, m in groups)
-    out["push"] += peers + 8 * to_others + 8 * asked_me + 3 * peers + 2 * peers * (chain - 1)
-    for x, owner in zip(mine.tolist(), owner_of.get(me, []).tolist()):
+            children = ([i + 1] if i + 1 < k else []) if chain else [
+                i + (1 << j) for j in range(k.bit_length()) if (1 << j) > i and i + (1 << j) < k]
+            out["relay"] += (8 + rb) * n * len(children)
+            out["egress"] += (8 + rb) * n * (i == 0 and owner != me)
+    # push: ids, two codes per id back, cold rows; the chain's partial sums
+    out["push"] += peers + 8 * to_others + 16 * asked_me
+    out["ingress"] += 8 * to_others
+    for x, owner in zip(mine.tolist(), mine_owner.tolist()):
         if x not in hot:
             out["push"] += rb * (owner != me)
+            out["ingress"] += rb * (owner != me)
             continue
         members = sorted(sources[x])
-        i = members.index(me)
-        if i == len(members) - 1:
-            out["push"] += (8 + rb) * (owner != me)
+        if members.index(me) == len(members) - 1:
+            out["push"] += rb * (owner != me)
+            out["ingress"] += rb * (owner != me)
         else:
-            out["relay"] += 8 + rb
+            out["relay"] += rb
     return out
 
 
 @pytest.mark.mpi(min_size=2)
 @pytest.mark.timeout(60)
-def test_hot_rows_bytes_equal_the_formula(comm, every_row_hot):
-    """One node per worker: owner and relay bytes of one pull and one push, exactly."""
+@pytest.mark.parametrize("chunk_bytes", [0, 64])
+def test_hot_rows_bytes_equal_the_formula(comm, every_row_hot, chunk_bytes):
+    """One node per worker: owner and relay bytes of one pull and one push, exactly,
+    with trees and without (no row two workers share on one rank)."""
     topo = hpcpax.init(ranks_per_node=1, servers_per_node=0)
+    hpcpax.options.hot_rows_chunk_bytes = chunk_bytes
     try:
         spec = SparseVariableSpec("h", rows=200, dim=4, dtype="float64")
         ps = ParameterServer(topo, seed=1, hot_rows=2)
@@ -227,13 +229,18 @@ def test_hot_rows_bytes_equal_the_formula(comm, every_row_hot):
         ps.pull_unique("h", uniq[topo.rank])
         ps.push("h", SparseGrad(uniq[topo.rank], np.ones((len(uniq[topo.rank]), 4)), 200))
         got = {p: topo.accounting.phase(p)["sent_bytes"] for p in ("pull", "push", "relay")}
-        want = expected_bytes(topo, ps.variables["h"], uniq, 32)
+        got.update((d, topo.accounting.owner[d]) for d in ("egress", "ingress"))
+        # one node per rank: every owner byte leaves its node
+        ok = all(topo.accounting.owner[d + "_inter"] == topo.accounting.owner[d]
+                 for d in ("egress", "ingress"))
+        want = expected_bytes(topo, ps.variables["h"], uniq, 32, chunk_bytes)
         ps.shutdown()
-        ok = got == want
+        ok &= got == want
         if not ok:
             print(topo.rank, got, want)
         assert comm.allreduce(bool(ok), op=MPI.LAND)
     finally:
+        del hpcpax.options.hot_rows_chunk_bytes
         topo.free()
 
 
@@ -250,3 +257,29 @@ def test_a_pull_without_trees_skips_the_next_classifications():
     assert not hot.chain_push(["a"])
     assert [hot.classify_pull(["a"]) for _ in range(PROBE_EVERY)] == [False] * (
         PROBE_EVERY - 1) + [True]
+
+
+@pytest.mark.parametrize("k", range(1, 12))
+@pytest.mark.parametrize("chain", [True, False])
+def test_tree_shapes_reach_every_member_once(k, chain):
+    parents = [parent_of(i, chain) for i in range(k)]
+    children = {i: children_of(i, k, chain) for i in range(k)}
+    assert parents[0] == -1  # the first member hears from the owner
+    for i in range(1, k):
+        assert i in children[parents[i]] and parents[i] < i
+    assert sorted(c for cs in children.values() for c in cs) == list(range(1, k))
+    depth = [0] * k
+    for i in range(1, k):
+        depth[i] = depth[parents[i]] + 1
+    # hops from the first member: a chain's length, or a binomial tree's log2
+    assert max(depth) == (k - 1 if chain else k.bit_length() - 1)
+
+
+def test_pieces_follow_the_chunk_bytes():
+    from hpcpax.ps.hot_groups import MAX_PIECES, pieces_of
+
+    assert pieces_of(1000, 0) == 1 and pieces_of(1000, 1000) == 1
+    assert pieces_of(1001, 1000) == 2 and pieces_of(10 ** 9, 1000) == MAX_PIECES
+    assert chunk_sizes(10, 100, 300) == [3, 3, 2, 2]  # 1000 B in 4 pieces, first ones larger
+    assert chunk_sizes(3, 100, 1) == [1, 1, 1]  # never more pieces than rows
+    assert chunk_sizes(5, 100, 0) == [5]
