@@ -56,8 +56,9 @@ __all__ = ["StepPrediction", "predict_step", "PHASES", "REDUCE_STEP_BYTES"]
 
 PHASES = ("data", "pull", "compute", "push", "dense", "optimizer", "control")
 LOCAL_WORK = ("compute", "client kernels", "server CPU", "software")
-#: The trainer's per-step ``Allreduce`` of loss, batch, flag, 6 times, 8 x 3 byte counters.
-REDUCE_STEP_BYTES = (3 + 6 + 8 * 3) * 8
+#: The trainer's per-step ``Allreduce`` (``hpcpax.app.step_report.reduce_step``): loss,
+#: batch, flag, 6 times, 9 phases x 4 byte counters, 4 owner counters.
+REDUCE_STEP_BYTES = (3 + 6 + 9 * 4 + 4) * 8
 
 
 @dataclass
