@@ -36,21 +36,24 @@ def classify(ids, counts, min_nodes, min_bytes, row_bytes):
     if min_nodes < 2 or len(ids) == 0:
         return group, []
     size = len(counts)
-    src = np.repeat(np.arange(size, dtype=np.int64), counts)
     unique, inverse = np.unique(ids, return_inverse=True)
     inverse = inverse.reshape(-1)
     sources = np.bincount(inverse, minlength=len(unique))
-    if len(np.unique(inverse * size + src)) != len(ids):
-        return group, []  # a source sent an id twice: leave everything as it is
     candidates = np.flatnonzero(sources >= min_nodes)
     if len(candidates) == 0:
         return group, []
     words = (size + 62) // 63
     masks = np.zeros((len(unique), words), np.int64)
-    for w in range(words):
-        sel = src // 63 == w
-        np.bitwise_or.at(masks[:, w], inverse[sel], np.left_shift(np.int64(1), src[sel] % 63))
-    keys, key_of = np.unique(masks[candidates], axis=0, return_inverse=True)
+    bounds = np.concatenate([[0], np.cumsum(counts)]).tolist()
+    for s in np.flatnonzero(counts).tolist():  # one fancy update per source (no ufunc.at)
+        masks[inverse[bounds[s]:bounds[s + 1]], s // 63] |= np.int64(1) << np.int64(s % 63)
+    if not np.array_equal(_popcount(masks), sources):
+        return group, []  # a source sent an id twice: leave everything as it is
+    if words == 1:  # one word per row: a 1-D unique, far cheaper than axis=0
+        keys, key_of = np.unique(masks[candidates, 0], return_inverse=True)
+        keys = keys.reshape(-1, 1)
+    else:
+        keys, key_of = np.unique(masks[candidates], axis=0, return_inverse=True)
     key_of = key_of.reshape(-1)
     group_of_unique = np.full(len(unique), -1, np.int64)
     groups = []
@@ -67,6 +70,14 @@ def classify(ids, counts, min_nodes, min_bytes, row_bytes):
         groups.append((members, unique[rows]))
     group[:] = group_of_unique[inverse]
     return group, groups
+
+
+def _popcount(masks):
+    """Set bits of each row of an int64 ``[n, words]`` array."""
+    if hasattr(np, "bitwise_count"):  # NumPy >= 2
+        return np.bitwise_count(masks).sum(axis=1, dtype=np.int64)
+    bits = np.unpackbits(np.ascontiguousarray(masks).view(np.uint8), axis=1)
+    return bits.sum(axis=1, dtype=np.int64)
 
 
 def tree_order(members, node_of, owner, chain):

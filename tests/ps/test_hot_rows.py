@@ -122,6 +122,22 @@ def test_classify_groups_rows_by_their_sources():
     assert group.tolist() == [0, -1, 0, -1, 0, -1]
     assert classify(ids, counts, 2, [None, None, None, 17], 8)[1] == []
     assert classify(ids, counts, 2, [None, None, 0], 8)[1][0][0].tolist() == [0, 2]
+    # a source that sent an id twice: nothing is grouped
+    assert classify(np.array([5, 5, 5, 7]), np.array([2, 1, 1]), 2, 0, 8)[1] == []
+
+
+def test_classify_beyond_one_word_of_sources():
+    # 130 sources (three 63-bit words): row 1 from sources 0, 64 and 129, row 2 from 0-129
+    counts = np.zeros(130, np.int64)
+    ids = []
+    for s in range(130):
+        mine = [2] + ([1] if s in (0, 64, 129) else [])
+        ids += mine
+        counts[s] = len(mine)
+    group, groups = classify(np.array(ids, np.int64), counts, 3, 0, 8)
+    assert [(m.tolist(), u.tolist()) for m, u in groups] == [([0, 64, 129], [1]),
+                                                              (list(range(130)), [2])]
+    assert (group >= 0).all()
 
 
 def test_a_plan_sets_one_variable():
