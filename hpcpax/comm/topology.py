@@ -57,7 +57,9 @@ class Topology:
         node_leaders: the first worker of each node (None elsewhere).
         accounting: this rank's :class:`~hpcpax.comm.accounting.Accounting`.
         oversubscribed: this host runs more of the job's ranks than the cores
-            they may use together (the union of their CPU affinities).
+            they may use together (the union of their CPU affinities); the
+            host is the running kernel, so the nodes of an emulated cluster
+            on one machine count together.
     """
 
     comm: object
@@ -134,13 +136,26 @@ def _node_ids(comm, ranks_per_node):
     shared = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
     local, physical_size = shared.Get_rank(), shared.Get_size()
     leader_world = shared.bcast(comm.Get_rank(), root=0)
-    cores = set().union(*shared.allgather(_affinity()))
     shared.Free()
     virtual = local // ranks_per_node if ranks_per_node else 0
-    keys = comm.allgather((leader_world, virtual))
+    everyone = comm.allgather((leader_world, virtual, _kernel_id(), _affinity()))
+    keys = [(leader, v) for leader, v, _, _ in everyone]
     order = {k: i for i, k in enumerate(sorted(set(keys)))}
+    # the cores are the kernel's: ranks of "nodes" that share one (network namespaces
+    # of an emulated cluster) share its cores, though MPI counts them as other hosts
+    mine = everyone[comm.Get_rank()][2] or leader_world
+    here = [cores for leader, _, kernel, cores in everyone if (kernel or leader) == mine]
     return (np.array([order[k] for k in keys], np.int64), physical_size,
-            physical_size > len(cores))
+            len(here) > len(set().union(*here)))
+
+
+def _kernel_id() -> str:
+    """This machine's boot id (Linux; one per running kernel), or "" where unknown."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
 
 
 def _affinity() -> list:

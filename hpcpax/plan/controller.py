@@ -142,6 +142,8 @@ class PlanController:
             replanning = self.plan is not None
             self._decide(replanning)
             self._stats = None
+            if config.get("hot_rows_trial") and not replanning:
+                step = self._hot_rows_trial(step)
             if config["partition_search"] and not replanning:
                 step = self._search(step)
         if (config["replan_every"] and self.mode is not None and self.plan is not None
@@ -297,6 +299,27 @@ class PlanController:
                     topology=self._shape(), search=search, runtime=self.runtime)
 
     # ---------------------------------------------------------------- search
+    def _hot_rows_trial(self, step):
+        """Keep the plan's hot-row trees only if live steps run faster with them."""
+        from .hot_rows_trial import run_hot_rows_trial
+
+        trainer, rounds = self.trainer, int(self.trainer.config["hot_rows_trial"])
+        chosen = {name: entry.hot_rows for name, entry in self.plan.variables.items()
+                  if entry.method == "ps" and entry.hot_rows and entry.hot_rows["min_nodes"]}
+        if not chosen:
+            return step
+        if trainer.config["steps"] - step < 4 * rounds:
+            trainer.log(f"hot-rows trial skipped: {trainer.config['steps'] - step} steps left")
+            return step
+        _, trial, next_step = run_hot_rows_trial(trainer, chosen, rounds, step + 1)
+        self.search["hot_rows_trial"] = {"variables": sorted(chosen), **trial}
+        trainer.log(f"hot-rows trial ({', '.join(sorted(chosen))}): trees "
+                    + ("kept" if trial["kept"] else "off")
+                    + f", median step {np.median(trial['on_s']) * 1e3:.1f} ms with, "
+                    f"{np.median(trial['off_s']) * 1e3:.1f} ms without")
+        trainer.write_plan()
+        return next_step - 1
+
     def _search(self, step):
         """Parallax's partition search for each ps variable, on live steps."""
         from .live_search import search_partitions_live

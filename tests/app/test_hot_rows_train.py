@@ -96,3 +96,46 @@ def test_the_plan_decides_and_shows_hot_rows(comm, tmp_path):
             # a pair with the owner's node never pays: no tree on 2 nodes
             ok &= nodes > 2 or v.hot_rows["min_nodes"] == 0
     assert comm.allreduce(bool(ok), op=MPI.LAND)
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.timeout(240)
+def test_the_trial_times_trees_on_and_off_and_keeps_the_faster(comm, tmp_path):
+    """Plan hybrid with trees on (the fixed rule): 3 pairs of timed steps with and
+    without them, the faster kept; the steps are ordinary training steps."""
+    from hpcpax.plan import Plan
+
+    base = comm.bcast(str(tmp_path) if comm.Get_rank() == 0 else None, root=0)
+    steps = {"steps": 16, "plan": "hybrid", "plan_steps": 2}
+    hpcpax.options.hot_rows, hpcpax.options.hot_rows_min_bytes = 2, 0
+    try:
+        trainer = Trainer({**TINY, **steps, "run_dir": os.path.join(base, "trial")},
+                          comm=comm, collect=True)
+        trainer.run()
+        root = trainer.topology.worker_ranks[0]
+        trial = comm.bcast((trainer.losses, trainer.parameters), root=root)
+        short = Trainer({**TINY, **steps, "steps": 8, "run_dir": os.path.join(base, "short")},
+                        comm=comm)
+        short.run()  # the trial would need 12 steps after the plan: skipped
+    finally:
+        del hpcpax.options.hot_rows, hpcpax.options.hot_rows_min_bytes
+    plain = Trainer({**TINY, **steps, "hot_rows": "off",
+                     "run_dir": os.path.join(base, "off")}, comm=comm, collect=True)
+    plain.run()
+    plain = comm.bcast((plain.losses, plain.parameters), root=root)
+    ok = trial[0] == plain[0] and len(trial[0]) == 16
+    ok &= all(np.array_equal(trial[1][p][k], plain[1][p][k])
+              for p in ("dense", "sparse") for k in trial[1][p])
+    plan = Plan.load(os.path.join(base, "trial", "plan.json"))
+    record = plan.search["hot_rows_trial"]
+    ok &= len(record["on_s"]) == len(record["off_s"]) == 3 and record["steps"] == [3, 14]
+    ok &= record["kept"] == (np.median(record["on_s"]) < np.median(record["off_s"]))
+    entry = plan.variables["embedding"].hot_rows  # what is in force after the trial
+    ok &= (entry["min_nodes"] == 2) == record["kept"]
+    ok &= "hot_rows_trial" not in Plan.load(os.path.join(base, "short", "plan.json")).search
+    # the trial's "on" steps relayed rows, its "off" steps did not
+    lines = {r["step"]: r for r in read_metrics(os.path.join(base, "trial", "metrics.jsonl"))
+             if "bytes" in r}
+    relayed = [bool(lines[s]["bytes"].get("relay")) for s in range(3, 15)]
+    ok &= relayed == [True, True, False, False] * 3
+    assert comm.allreduce(bool(ok), op=MPI.LAND)
