@@ -21,7 +21,12 @@ compares:
   ``time_worst_abs_error``: relative errors);
 * ranking: Spearman correlation of predicted and measured method times per
   (layout, model, sparsity) group (``spearman_min``), and how often the
-  predicted best is within 10 % of the measured best (``choice_within_10pct``).
+  predicted best is within 10 % of the measured best (``choice_within_10pct``);
+  beside them, ``resolved_pairs_ordered``: of the pairs of methods of a group
+  whose measured rounds do not overlap (an order the measurement settles),
+  the fraction the model orders the same way (a tied prediction counts a
+  half), with their number (``resolved_pairs``) and the pairs the
+  measurement leaves open (``unresolved_pairs``).
 
 Every run is appended to the run log (source ``cost_model_check``), and the
 learned correction is checked for transfer: fitted on the ``lm`` runs of
@@ -293,6 +298,23 @@ def _spearman(a, b):
     return float(np.corrcoef(ra, rb)[0, 1])
 
 
+def _resolved_pairs(members):
+    """``(ordered, settled, open)``: over pairs whose measured rounds do not overlap,
+    how many the prediction orders the same way (a predicted tie counts 0.5)."""
+    ordered, settled, unsettled = 0.0, 0, 0
+    for i, a in enumerate(members):
+        for b in members[i + 1:]:
+            (a_low, a_high), (b_low, b_high) = a["measured_range"], b["measured_range"]
+            if a_high >= b_low and b_high >= a_low:
+                unsettled += 1
+                continue
+            settled += 1
+            faster = a_high < b_low  # a measured faster than b in every round
+            diff = a["predicted_s"] - b["predicted_s"]
+            ordered += 0.5 if diff == 0 else float((diff < 0) == faster)
+    return ordered, settled, unsettled
+
+
 def _summaries(layout_results):
     """One entry per (layout, config, method): measured median over rounds, spread, prediction."""
     out = []
@@ -304,6 +326,7 @@ def _summaries(layout_results):
             measured = [r["measured_s"] for r in runs]
             out.append({"layout": job["layout"], "config": config, "method": method,
                         "measured_s": float(np.median(measured)),
+                        "measured_range": (float(min(measured)), float(max(measured))),
                         "spread": float((max(measured) - min(measured)) / np.median(measured)),
                         "predicted_s": float(np.median([r["predicted"]["seconds"] for r in runs])),
                         "bottleneck": runs[0]["predicted"]["bottleneck"],
@@ -396,10 +419,11 @@ def main():
     groups = {}
     for e in entries:
         groups.setdefault((tuple(e["layout"]), e["config"]), []).append(e)
-    spearman, within = [], []
+    spearman, within, pairs = [], [], np.zeros(3)
     for members in groups.values():
         if len(members) < 2:
             continue
+        pairs += _resolved_pairs(members)
         measured = [m["measured_s"] for m in members]
         predicted = [m["predicted_s"] for m in members]
         spearman.append(_spearman(predicted, measured))
@@ -419,6 +443,8 @@ def main():
         "spearman_min": min(spearman) if spearman else None,
         "spearman_median": float(np.median(spearman)) if spearman else None,
         "choice_within_10pct": float(np.mean(within)) if within else None,
+        "resolved_pairs_ordered": float(pairs[0] / pairs[1]) if pairs[1] else None,
+        "resolved_pairs": int(pairs[1]), "unresolved_pairs": int(pairs[2]),
         "transfer_error_analytic": analytic, "transfer_error_learned": learned,
         "transfer_cross_validation": validation,
         "measured_spread_median": float(np.median([e["spread"] for e in entries])) if entries

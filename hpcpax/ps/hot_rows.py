@@ -249,11 +249,8 @@ def pull_reply(topology, variables, hop, wanted, policy, gather) -> tuple:
         wait_all([agreement], backoff=Backoff(cap, fraction=POLL_FRACTION))
     else:
         agreement.Wait()
-    if not agreed[0]:
-        return [_assemble(hop, k, [], out[2 * k + 1][0], var)
-                for k, var in enumerate(variables)], False
     return [_assemble(hop, k, hot[k], out[2 * k + 1][0], var)
-            for k, var in enumerate(variables)], True
+            for k, var in enumerate(variables)], bool(agreed[0])
 
 
 def _follow_manifests(traffic, k, var, manifests, per_owner, me, hot):

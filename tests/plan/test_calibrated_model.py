@@ -294,3 +294,14 @@ def test_operations_pay_per_row_of_the_busiest_worker():
     assert CostParams(software=per_row).overhead("ps_pull_no_aggregation", 3, 10) == \
         pytest.approx(5e-4 + 3 * 1e-4 + 10 * 1e-5)
     assert CostParams(software=SOFTWARE).overhead("ps_pull", 1, 1000) == pytest.approx(1.2e-3)
+
+
+def test_the_per_partition_cost_is_kept_only_above_its_noise():
+    from hpcpax.plan.operation_costs import per_partition
+
+    noise = np.random.default_rng(0).normal(0.0, 1e-4, 60)  # no cost, 0.1 ms noise
+    assert per_partition(noise, 15) == 0.0
+    assert per_partition(np.abs(noise), 15) > 0  # what clamping each draw would keep
+    real = noise + 15 * 20e-6  # 20 us per partition under the same noise
+    assert per_partition(real, 15) == pytest.approx(20e-6 + noise.mean() / 15)
+    assert per_partition(real, 0) == 0.0 and per_partition([1.0], 15) == 0.0
