@@ -84,6 +84,12 @@ def summarize(run_dir) -> str:
         if moved:
             lines.append("bytes sent by workers per step: " + ", ".join(
                 f"{p} {_human(v.sum() / len(steps))}" for p, v in moved.items()))
+        owner = [r["owner"] for r in steps if "owner" in r]
+        if owner:  # the parameter-server owners' links (hot rows load them)
+            mean = {k: sum(o[k] for o in owner) / len(steps) for k in owner[0]}
+            lines.append("owner row bytes per step: " + ", ".join(
+                f"{d} {_human(mean[d])} ({_human(mean[d + '_inter'])} off-node)"
+                for d in ("egress", "ingress")))
     if evals:
         lines.append(f"last eval (step {evals[-1]['step']}): "
                      + _eval_text(evals[-1]["eval"], config.get("model")))

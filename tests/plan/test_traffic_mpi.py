@@ -73,3 +73,9 @@ def test_step_bytes_equal_the_accounting(comm, tmp_path, plan, aggregate):
     found = _mismatches(trainer, run_dir, layout) if comm.Get_rank() == leader else None
     found = comm.bcast(found, root=leader)
     assert found == []
+    if plan == "ps":  # the report shows the owners' links
+        from hpcpax.app.report import summarize
+
+        shown = ("owner row bytes per step: egress " in summarize(run_dir)
+                 if comm.Get_rank() == leader else None)
+        assert comm.bcast(shown, root=leader)
