@@ -10,7 +10,10 @@ has completed, and counts their bytes exactly per phase, variable and peer.
 Tags: the messages of one tree piece (an owner's group, or one chunk of it)
 carry the tag :meth:`TreeTraffic.tag` ``(owner, index)``, unique per owner
 and piece, from :data:`TAG_BASE` up (below it, other point-to-point users of
-the communicator). A piece moves as two messages, ids then rows (or rows
+the communicator); an owner numbers at most
+:attr:`TreeTraffic.pieces_per_owner` pieces (the tags up to the library's
+``MPI_TAG_UB`` shared among the ranks), and its groups past them move as
+today. A piece moves as two messages, ids then rows (or rows
 alone), with the same tag: MPI keeps their order between two ranks.
 """
 
@@ -27,7 +30,7 @@ __all__ = ["TAG_BASE", "POLL_FRACTION", "TreeTraffic"]
 #: A polling member sleeps at most this fraction of the time it has waited.
 POLL_FRACTION = 0.1
 
-#: The first tag of tree messages.
+#: The first tag of tree messages (half the library's largest tag where that is smaller).
 TAG_BASE = 1 << 16
 
 
@@ -50,7 +53,9 @@ class TreeTraffic:
         self.size = comm.Get_size()
         from mpi4py import MPI
 
-        self._pieces_per_owner = (int(comm.Get_attr(MPI.TAG_UB)) - TAG_BASE) // self.size
+        upper = int(comm.Get_attr(MPI.TAG_UB))  # MPI promises only 32767
+        self._base = min(TAG_BASE, upper // 2)
+        self._pieces_per_owner = max(0, (upper - self._base) // self.size)
         self._sends, self._kept = [], []
         self._receives, self._unit_of = [], []
         self._units = []  # [arrays, messages still to come, callback]
@@ -59,12 +64,13 @@ class TreeTraffic:
 
     @property
     def pieces_per_owner(self) -> int:
-        """How many tree pieces one owner may number in one operation."""
+        """How many tree pieces one owner may number in one operation (0: none;
+        a group past it moves as today)."""
         return self._pieces_per_owner
 
     def tag(self, owner, index) -> int:
         """The tag of piece ``index`` (``0 <= index < pieces_per_owner``) of ``owner``."""
-        return TAG_BASE + int(owner) * self._pieces_per_owner + int(index)
+        return self._base + int(owner) * self._pieces_per_owner + int(index)
 
     def _count(self, phase, k, peer, nbytes, column):
         if phase not in self._bytes:

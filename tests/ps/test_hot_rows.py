@@ -299,3 +299,30 @@ def test_pieces_follow_the_chunk_bytes():
     assert chunk_sizes(10, 100, 300) == [3, 3, 2, 2]  # 1000 B in 4 pieces, first ones larger
     assert chunk_sizes(3, 100, 1) == [1, 1, 1]  # never more pieces than rows
     assert chunk_sizes(5, 100, 0) == [5]
+
+
+def test_tags_stay_below_a_small_tag_upper_bound_and_extra_groups_move_as_today():
+    from types import SimpleNamespace
+
+    from mpi4py import MPI
+
+    from hpcpax.ps.hot_rows import _owner_pieces
+    from hpcpax.ps.tree_traffic import TreeTraffic
+
+    class SmallTags:  # a library with the least MPI_TAG_UB the standard allows
+        def Get_attr(self, key):
+            assert key == MPI.TAG_UB
+            return 32767
+
+        def Get_size(self):
+            return 1000
+
+    traffic = TreeTraffic(SmallTags(), None, ["a"], "pull")
+    assert traffic.pieces_per_owner == 16
+    assert traffic.tag(999, traffic.pieces_per_owner - 1) <= 32767
+    # 3 sources: row 5 from all, row 7 from 0 and 2; room for one piece: one group
+    var = SimpleNamespace(spec=SimpleNamespace(name="a", row_bytes=8))
+    ids, counts = np.array([5, 7, 5, 5, 7], np.int64), np.array([2, 1, 2])
+    group, chosen = _owner_pieces(var, ids, counts, HotRows(2, min_bytes=0), 0, limit=1)
+    assert [(m.tolist(), u.tolist()) for m, u, _, _ in chosen] == [([0, 2], [7])]
+    assert group.tolist() == [-1, 0, -1, -1, 0]
