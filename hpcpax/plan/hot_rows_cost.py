@@ -32,6 +32,12 @@ only from ``k = 7`` nodes; pipelined, from ``k = 3``. :func:`decide` turns that
 into the plan's per-variable setting: the smallest ``k`` that can pay
 (``min_nodes``, 0: off) and the per-``k`` byte thresholds the owners apply to
 each group.
+
+Not priced: what a tree costs the hosts (the members' bookkeeping, a relay's
+turn on a busy core). Measured on an emulated 4-node cluster with 2 cores for
+8 ranks, the same decision paid at 0.1 Gbit/s and lost at 20 Gbit/s (README,
+"Hot rows"), so the trainer checks it on live steps
+(:mod:`hpcpax.plan.hot_rows_trial`).
 """
 
 from __future__ import annotations
