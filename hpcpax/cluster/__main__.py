@@ -68,6 +68,11 @@ def _print_status(info):
               f"{node['sent_bytes']:,} B, received {node['received_bytes']:,} B{slurmd}")
     if info.get("slurm_partition"):
         print(f"slurm partition: {info['slurm_partition']}")
+        dead = [n["name"] for n in info["nodes"] if not n["slurmd_pid"]]
+        if dead:
+            # e.g. the machine restarted: namespaces and state files outlive the processes
+            print(f"slurmd NOT running on {', '.join(dead)}: jobs there stay pending; "
+                  f"run `down`, then `up --slurm`")
     if info.get("link_check"):
         c = info["link_check"]
         print(f"links used (checked at up): {'yes' if c['used'] else 'NO'}: {c['reason']}")

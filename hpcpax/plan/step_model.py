@@ -292,7 +292,14 @@ def predict_step(layout: Layout, links, params, routings: dict, dense_bytes=(),
             + params.kernel("apply", r.union * r.row_bytes) for r in gathered))
     for r in densified:
         table = r.rows * r.row_bytes
-        pred.charge("push", "client kernels", params.kernel("gather", table)
+        # densify_allreduce: each worker writes its rows into zeroed (untouched) pages,
+        # whose faults the fresh-buffer Allreduce class holds; after the Allreduces it
+        # scans the rows mask (a byte per row) and reads and applies the union of rows.
+        # No kernel touches the whole table.
+        pred.charge("push", "client kernels",
+                    max(params.kernel("gather", r.unique[w] * r.row_bytes) for w in workers)
+                    + params.kernel("gather", float(r.rows))
+                    + params.kernel("gather", r.union * r.row_bytes)
                     + params.kernel("apply", r.union * r.row_bytes))
         # densified into a fresh table (and a fresh mask of rows) just before the call
         pred.hand_off("push")

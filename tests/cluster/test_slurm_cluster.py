@@ -49,9 +49,16 @@ def slurm_cluster():
     if reason:
         pytest.skip(f"multi-node Slurm unavailable: {reason}")
     from hpcpax import cluster as emu
+    from hpcpax.cluster.slurmd import slurmd_pid, wait_nodes
 
     spec = emu.running(SLURM_PREFIX)
-    built = spec is None or spec.nodes < NODES or not spec.extra.get("slurm_partition")
+    # A cluster left up by a run that ended without its teardown (killed, or a machine
+    # restored from a snapshot) keeps its namespaces and state files but not its slurmds:
+    # jobs would pend there forever. Reuse only a cluster whose slurmds all run.
+    built = (spec is None or spec.nodes < NODES or not spec.extra.get("slurm_partition")
+             or not all(slurmd_pid(SLURM_PREFIX, n) for n in spec.node_names))
+    if not built:
+        wait_nodes(spec.node_names, timeout=60.0)
     if built:
         emu.down(SLURM_PREFIX, log=lambda text: None)
     try:

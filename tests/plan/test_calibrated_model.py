@@ -209,6 +209,26 @@ def test_densified_tables_use_the_fresh_buffer_allreduce():
     assert pred.phases["push"] == pytest.approx(2 * 1e-5 + (table + mask) / 4e9)
 
 
+def test_densified_push_kernels_touch_rows_not_the_table():
+    """``densify_allreduce`` writes each worker's rows into zeroed pages, scans the mask
+    (a byte per row), reads and applies the union: the kernels are priced on those
+    bytes, never on the whole table (a 100,000-row table cost 3 ms too much in the check)."""
+    layout = Layout.from_shape(1, 2, 0)
+    ids = [np.array([0, 5, 9]), np.array([1, 5])]  # unique 3 and 2, union 4
+    rows, row_bytes = 100_000, 128
+    routing = routing_from_ids(layout, "allreduce", rows, row_bytes, ids)
+    kernels = {"unique": {"call_s": 0.0, "unit_s": 0.0}, "dedup": {"call_s": 0.0, "unit_s": 0.0},
+               "gather": {"call_s": 1e-6, "unit_s": 1e-9},
+               "apply": {"call_s": 2e-6, "unit_s": 3e-9}}
+    pred = predict_step(layout, FAST, CostParams(kernels=kernels), {"t": routing},
+                        include_control=False)
+    pull = 1e-6 + 3 * row_bytes * 1e-9  # the pull's local read of the most rows
+    push = ((1e-6 + 3 * row_bytes * 1e-9) + (1e-6 + rows * 1e-9)
+            + (1e-6 + 4 * row_bytes * 1e-9) + (2e-6 + 4 * row_bytes * 3e-9))
+    assert pred.resources["client kernels"] == pytest.approx(pull + push)
+    assert pred.resources["client kernels"] < rows * row_bytes * 1e-9 / 10
+
+
 def test_compute_is_timed_cache_cold():
     """``time_workers`` runs ``between`` (untimed) before every timed call."""
     from types import SimpleNamespace
