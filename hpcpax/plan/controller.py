@@ -311,7 +311,7 @@ class PlanController:
         if trainer.config["steps"] - step < 4 * rounds:
             trainer.log(f"hot-rows trial skipped: {trainer.config['steps'] - step} steps left")
             return step
-        _, trial, next_step = run_hot_rows_trial(trainer, chosen, rounds, step + 1)
+        trial, next_step = run_hot_rows_trial(trainer, chosen, rounds, step + 1)
         self.search["hot_rows_trial"] = {"variables": sorted(chosen), **trial}
         trainer.log(f"hot-rows trial ({', '.join(sorted(chosen))}): trees "
                     + ("kept" if trial["kept"] else "off")

@@ -36,11 +36,11 @@ def run_hot_rows_trial(trainer, chosen: dict, rounds: int, first_step: int) -> t
         first_step: the first step the trial trains.
 
     Returns:
-        ``(settings, trial, next_step)``: the settings in force after it
-        (``chosen``, or :data:`OFF` for each variable), the record for
-        ``plan.json`` (``on_s``, ``off_s``: the timed steps' seconds,
-        ``kept``), and the first step after the trial. Every worker returns
-        the same (the slowest worker's times).
+        ``(trial, next_step)``: the record for ``plan.json`` (``on_s``,
+        ``off_s``: the timed steps' seconds; ``kept``: the trees of
+        ``chosen`` stay in force, else :data:`OFF` is) and the first step
+        after the trial. Every worker returns the same (the slowest
+        worker's times).
     """
     off = {name: dict(OFF) for name in chosen}
     seconds = {"on": [], "off": []}
@@ -57,9 +57,8 @@ def run_hot_rows_trial(trainer, chosen: dict, rounds: int, first_step: int) -> t
             break
     kept = bool(seconds["on"] and seconds["off"]
                 and np.median(seconds["on"]) < np.median(seconds["off"]))
-    settings = chosen if kept else off
-    trainer.commands.run("hot_rows", settings=settings)
+    trainer.commands.run("hot_rows", settings=chosen if kept else off)
     trial = {"on_s": [round(s, 6) for s in seconds["on"]],
              "off_s": [round(s, 6) for s in seconds["off"]], "kept": kept,
              "steps": [first_step, step - 1]}
-    return settings, trial, step
+    return trial, step
