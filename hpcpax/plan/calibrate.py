@@ -21,7 +21,10 @@ the facts the model needs, each measured here and now:
   :func:`measure_software` is the same path on a one-rank world);
 * the hand-off cost (:func:`measure_handoff`): what each stage of local
   work costs beyond itself when the next collective needs ranks that sat
-  polling meanwhile (large when ranks outnumber free cores).
+  polling meanwhile (large when ranks outnumber free cores), and what the
+  workers' local work, all at once, costs the collective after it
+  (:func:`measure_after_work`: with more busy ranks than cores the workers
+  take turns, and the collective waits for the turns).
 
 :func:`time_workers` times a callable on every worker at once while the
 servers wait in a collective, as they do during training (MPICH's waiting
@@ -39,8 +42,8 @@ from ..comm.polling import idle_barrier
 from .operation_costs import measure_operations, measure_software
 
 __all__ = ["calibrate", "evict_caches", "fit_relative", "private_cache_bytes",
-           "measure_allreduce", "measure_handoff", "measure_operations", "measure_software",
-           "time_workers"]
+           "measure_after_work", "measure_allreduce", "measure_handoff", "measure_operations",
+           "measure_software", "time_workers"]
 
 #: Stage lengths (seconds of local work) at which the hand-off cost is timed.
 HANDOFF_WORK_S = (0.0, 300e-6, 1500e-6)
@@ -111,17 +114,24 @@ def measure_allreduce(comm, sizes=ALLREDUCE_SIZES, repeats: int = 9,
 def measure_handoff(comm, work_s=HANDOFF_WORK_S, repeats: int = 60, topology=None) -> dict:
     """What a step pays each time local work hands over to a collective; **collective**.
 
-    One rank keeps its core busy for ``w`` seconds while the others wait in
-    an ``Allgather``, and the next round another rank works, as servers wait
-    while workers compute and the reverse;
-    the mean extra time beyond ``w`` and the bare ``Allgather`` is fitted to
-    ``extra = handoff_s + handoff_per_work * w``. With no more ranks than
-    free cores both are near 0; with more, a waiting rank that MPI keeps
-    polling holds a core the working rank needs, and the extra grows with
-    the work (means, not medians: the delays are what a step pays). With a
-    ``topology``, the ranks wait as in training: a server as a serving server
-    waits for the workers' next operation
-    (:func:`~hpcpax.ps.protocol.server_wait_cap`), a worker inside MPI.
+    Two patterns, each timed at the stage lengths ``work_s``:
+
+    * ``handoff_s``, ``handoff_per_work``: one rank keeps its core busy for
+      ``w`` seconds while the others wait in an ``Allgather``, and the next
+      round another rank works, as servers wait while workers compute and
+      the reverse; the mean extra time beyond ``w`` and the bare
+      ``Allgather`` is fitted to ``extra = handoff_s + handoff_per_work * w``.
+      With no more ranks than free cores both are near 0; with more, a
+      waiting rank that MPI keeps polling holds a core the working rank
+      needs, and the extra grows with the work (means, not medians: the
+      delays are what a step pays). With a ``topology``, the ranks wait as
+      in training: a server as a serving server waits for the workers' next
+      operation (:func:`~hpcpax.ps.protocol.server_wait_cap`), a worker
+      inside MPI.
+    * ``after_work``: ``{"serving": f, "idle": f}``, see
+      :func:`measure_after_work`: every worker does the same CPU work at
+      once, then the workers' collective waits ``f`` times that work
+      (the ranks that outnumber the cores ran one after the other).
     """
     from mpi4py import MPI
 
@@ -149,8 +159,111 @@ def measure_handoff(comm, work_s=HANDOFF_WORK_S, repeats: int = 60, topology=Non
         means.append(comm.allreduce(float(np.mean(times)), op=MPI.MAX))
     extra = np.array(means) - np.array(work_s) - means[0]
     slope, intercept = np.polyfit(np.array(work_s[1:]), extra[1:], 1)
-    result = {"handoff_s": max(float(intercept), 0.0), "handoff_per_work": max(float(slope), 0.0)}
+    result = {"handoff_s": max(float(intercept), 0.0), "handoff_per_work": max(float(slope), 0.0),
+              "after_work": measure_after_work(topology, work_s, repeats)
+              if topology is not None else _after_work_on(comm, work_s, repeats)}
     return comm.bcast(result, root=0)
+
+
+def _cpu_work(workers, seconds: float):
+    """A function doing about ``seconds`` of CPU work: the same number of small sums on
+    every worker, from the fastest worker's rate (timed on all at once; a rank that
+    was descheduled while timing would otherwise get less work than the others).
+    Unlike a wall-clock spin, the work does not end early when the rank is
+    descheduled. **Collective** over ``workers``."""
+    from mpi4py import MPI
+
+    scratch = np.random.default_rng(1).random(2048)
+    start, calls = time.perf_counter(), 0
+    while time.perf_counter() - start < 2e-3:
+        scratch.sum()
+        calls += 1
+    per_call = workers.allreduce((time.perf_counter() - start) / calls, op=MPI.MIN)
+    count = int(round(seconds / per_call))
+
+    def work():
+        for _ in range(count):
+            scratch.sum()
+    return work
+
+
+def _after_work_factor(workers, work_s, repeats) -> float:
+    """Workers' side of :func:`measure_after_work`: the fitted factor, the same on
+    every worker."""
+    from mpi4py import MPI
+
+    vector = np.zeros(8, np.float64)
+    works, waits = [], []
+    for seconds in work_s:
+        work = _cpu_work(workers, seconds)
+        workers.Barrier()
+        spent, waited = [], []
+        for i in range(repeats + 3):
+            start = time.perf_counter()
+            work()
+            done = time.perf_counter()
+            workers.Allreduce(MPI.IN_PLACE, vector)
+            if i >= 3:
+                spent.append(done - start)
+                waited.append(time.perf_counter() - done)
+        works.append(float(np.mean(spent)))
+        waits.append(float(np.mean(waited)))
+    # the workers' mean own work time (as a step's phase timer sees it) against their
+    # mean wait at the collective beyond the bare one; least squares through the origin
+    n = workers.Get_size()
+    works = np.sum(workers.allgather(works), axis=0) / n
+    waits = np.sum(workers.allgather(waits), axis=0) / n
+    work, extra = works[1:] - works[0], waits[1:] - waits[0]
+    return max(float(np.dot(work, extra) / max(float(np.dot(work, work)), 1e-18)), 0.0)
+
+
+def _after_work_on(comm, work_s, repeats) -> dict:
+    """:func:`measure_after_work` when every rank of ``comm`` is a worker; **collective**."""
+    factor = _after_work_factor(comm, work_s, repeats) if comm.Get_size() > 1 else 0.0
+    return {"serving": factor, "idle": factor}
+
+
+def measure_after_work(topology, work_s=HANDOFF_WORK_S, repeats: int = 60) -> dict:
+    """What local work on *every* worker at once costs the next collective; **collective**.
+
+    Every worker runs the same CPU work (a fixed count of small sums, so
+    a descheduled worker finishes later, as real compute does) of each
+    length in ``work_s``, then a small ``Allreduce`` of the workers; the
+    mean wait in it beyond the bare ``Allreduce`` is fitted, through the
+    origin, to ``factor * w``, ``w`` each worker's own timer of its work
+    (what a step's phase timer shows). With more busy ranks than cores the
+    ranks run in turns: each worker's own timer shows its work unstretched,
+    and the collective after it waits for the others' turns (measured on a
+    2-core host: ``factor`` 1.0 with 4 workers, 2.3 with 6, 0 with 2).
+    Timed twice, with the servers waiting as in training: ``"serving"``
+    (a server that holds tables waits inside MPI, taking a core), and
+    ``"idle"`` (every table replicated: an idle server polls on an
+    oversubscribed host, :func:`~hpcpax.ps.protocol.server_wait_cap`).
+    Returns ``{"serving": factor, "idle": factor}``, the same on every rank.
+    """
+    from mpi4py import MPI
+
+    from ..ps.protocol import server_wait, server_wait_cap
+
+    comm = topology.comm
+    if not topology.server_ranks or topology.num_workers < 2:
+        factor = (_after_work_factor(topology.workers, work_s, repeats)
+                  if topology.is_worker and topology.num_workers > 1 else 0.0)
+        factor = comm.bcast(factor, root=topology.worker_ranks[0])
+        return {"serving": factor, "idle": factor}
+    out = {}
+    mine = np.zeros(1, np.int64)
+    everyone = np.zeros(comm.Get_size(), np.int64)
+    for mode, idle in (("serving", False), ("idle", True)):
+        factor = None
+        if topology.is_worker:
+            factor = _after_work_factor(topology.workers, work_s, repeats)
+        # the servers wait for the workers' whole timing in one collective, as they
+        # wait for the next operation in training; the workers join it at the end
+        cap = server_wait_cap(topology, idle=idle) if topology.is_server else 0.0
+        server_wait(comm.Iallgather([mine, MPI.INT64_T], [everyone, MPI.INT64_T]), cap)
+        out[mode] = comm.bcast(factor, root=topology.worker_ranks[0])
+    return out
 
 
 def time_workers(topology, call, repeats: int = 5, warmup: int = 1,

@@ -216,10 +216,14 @@ class CostParams:
             and runs after the backward pass).
         backward_fraction: share of the compute time that is the backward
             pass (used with ``overlap_dense``).
-        handoff: ``{"handoff_s", "handoff_per_work"}``: each stage of local
-            work of ``w`` seconds also costs ``handoff_s + handoff_per_work
-            * w`` before the next collective can run (measured by
-            :func:`hpcpax.plan.calibrate.measure_handoff`; 0 when None).
+        handoff: ``{"handoff_s", "handoff_per_work"[, "after_work"]}``: each
+            stage of local work of ``w`` seconds also costs ``handoff_s +
+            handoff_per_work * w`` before the next collective can run, and
+            ``after_work`` (``{"serving": f, "idle": f}``) makes the first
+            collective after the workers' own work wait ``f`` times that work
+            (they take turns on an oversubscribed host; see
+            :mod:`hpcpax.plan.step_model`). Measured by
+            :func:`hpcpax.plan.calibrate.measure_handoff`; 0 when None.
         software: ``{operation: {"call_s", "per_variable_s"[, "per_row_s"]}}``:
             hpcpax's host overhead per batched operation (``ps_pull``,
             ``ps_push``, ``allgather_push``, ``allreduce_push``,

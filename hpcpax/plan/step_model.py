@@ -32,9 +32,15 @@ allgather push, each densified table's ``Allreduce``, the dense allreduce,
 the step's figures; not with job-scope operation costs, timed one after
 the other as in a step, which hold it), plus ``handoff_per_work`` times the work only for
 *server* work (servers work while the workers wait, as in its
-measurement); the workers' own stages (data, compute, client kernels) run
-on every worker at once and their rates are measured that way, under the
-same load, so scaling them again would count the load twice.
+measurement). The workers' own stages (data, compute, client kernels) run
+on every worker at once; each worker's timer shows its own work at the
+rate measured under the same load, but with more busy ranks than cores the
+workers take turns, so the first collective after such work waits
+``after_work`` times the work accumulated since the previous collective
+(``handoff["after_work"]``, :func:`hpcpax.plan.calibrate.measure_after_work`:
+``"serving"`` when PS tables are served, whose servers wait inside MPI
+taking a core, ``"idle"`` otherwise). Work inside an operation whose cost
+was measured (``software``) is not counted: its measurement holds it.
 
 Every second is also charged to a *resource* (``compute``, ``client
 kernels``, ``server CPU``, ``intra link``, ``inter link``, ``node NIC``,
@@ -52,10 +58,12 @@ import numpy as np
 from . import collectives as coll
 from .traffic import COUNT_BYTES, HEADER_BYTES, INDEX_BYTES, Layout
 
-__all__ = ["StepPrediction", "predict_step", "PHASES", "REDUCE_STEP_BYTES"]
+__all__ = ["StepPrediction", "predict_step", "after_work_factor", "PHASES", "REDUCE_STEP_BYTES"]
 
 PHASES = ("data", "pull", "compute", "push", "dense", "optimizer", "control")
 LOCAL_WORK = ("compute", "client kernels", "server CPU", "software")
+#: the workers' own work outside the measured operations (see ``after_work``)
+WORKER_WORK = ("compute", "client kernels")
 #: The trainer's per-step ``Allreduce`` (``hpcpax.app.step_report.reduce_step``): loss,
 #: batch, flag, 6 times, 9 phases x 4 byte counters, 4 owner counters.
 REDUCE_STEP_BYTES = (3 + 6 + 9 * 4 + 4) * 8
@@ -81,6 +89,11 @@ class StepPrediction:
     handoff: dict | None = None
     #: the measured per-operation costs hold their collectives' latencies
     latency_included: bool = False
+    #: the next collective waits this many times the workers' local work since the last
+    #: one (``handoff["after_work"]``; 0 without it)
+    after_work: float = 0.0
+    #: the workers' local work (seconds) since the last collective
+    pending_work: float = 0.0
 
     def charge(self, phase, resource, seconds):
         """Add ``seconds`` to ``phase`` and to ``resource``."""
@@ -89,8 +102,19 @@ class StepPrediction:
             return
         self.phases[phase] = self.phases.get(phase, 0.0) + seconds
         self.resources[resource] = self.resources.get(resource, 0.0) + seconds
+        if resource in WORKER_WORK:
+            self.pending_work += seconds
         if self.handoff and resource in LOCAL_WORK:
             self.hand_off(phase, handoff_seconds(self.handoff, resource, seconds))
+
+    def turns(self, phase) -> None:
+        """A collective starts in ``phase``: charge its wait for the workers' turns at
+        the local work since the previous one (``after_work * pending_work``, to
+        ``scheduling``), then start counting again."""
+        seconds, self.pending_work = self.after_work * self.pending_work, 0.0
+        if seconds > 0:
+            self.phases[phase] = self.phases.get(phase, 0.0) + seconds
+            self.resources["scheduling"] = self.resources.get("scheduling", 0.0) + seconds
 
     def hand_off(self, phase, seconds=None):
         """Charge a hand-off to ``scheduling``: ``seconds``, or the per-operation
@@ -108,6 +132,7 @@ class StepPrediction:
         ``covered``: the collective belongs to an operation whose measured
         fixed cost already holds its latency (see ``latency_included``).
         """
+        self.turns(phase)
         if not (covered and self.latency_included):
             self.charge(phase, "latency", cost.latency_s * scale)
         total = sum(cost.parts.values())
@@ -132,6 +157,14 @@ def handoff_seconds(handoff, resource, seconds) -> float:
     if not handoff or seconds <= 0 or resource != "server CPU":
         return 0.0
     return float(handoff.get("handoff_per_work", 0.0)) * float(seconds)
+
+
+def after_work_factor(handoff, serving: bool) -> float:
+    """``handoff["after_work"]["serving" or "idle"]`` (0 when not measured): how many
+    times the workers' local work the next collective waits (servers that serve
+    PS tables wait inside MPI, taking a core; idle ones poll)."""
+    factors = (handoff or {}).get("after_work") or {}
+    return max(float(factors.get("serving" if serving else "idle", 0.0)), 0.0)
 
 
 def _server_seconds(work, routing_parts, params):
@@ -234,15 +267,14 @@ def predict_step(layout: Layout, links, params, routings: dict, dense_bytes=(),
         include_control: add the trainer's per-step figures ``Allreduce``.
     """
     links = coll.Links.from_fabric(links)
+    on_ps = [r for r in routings.values() if r.method == "ps"]
     pred = StepPrediction(handoff=params.handoff, latency_included=bool(
-        params.software) and params.software_scope == "job")
+        params.software) and params.software_scope == "job",
+        after_work=after_work_factor(params.handoff, serving=bool(on_ps)))
     share = 1.0 / max(1, int(ps_batch)) if ps_batch else 1.0
     workers = list(layout.worker_ranks)
     worker_nodes = [layout.node_of[r] for r in workers]
     pred.charge("data", "compute", data_s)
-    pred.charge("compute", "compute", compute_s)
-
-    on_ps = [r for r in routings.values() if r.method == "ps"]
     gathered = [r for r in routings.values() if r.method == "allgather"]
     densified = [r for r in routings.values() if r.method == "allreduce"]
     # pull: ids deduplicated, then the PS tables in one exchange; replicas read locally
@@ -265,6 +297,9 @@ def predict_step(layout: Layout, links, params, routings: dict, dense_bytes=(),
             sum(params.kernel("unique", r.raw[w]) + params.kernel("gather", r.unique[w]
                                                                   * r.row_bytes)
                 for r in replicas) for w in workers))
+    # (charged in step order: the first collective after local work waits for the
+    # workers' turns at it, see StepPrediction.turns)
+    pred.charge("compute", "compute", compute_s)
     # push: every gradient deduplicated on its worker first
     if routings:
         pred.charge("push", "client kernels", max(

@@ -66,6 +66,48 @@ def test_handoff_per_work_lands_on_the_servers_apply():
     assert scaled.seconds - flat.seconds == pytest.approx(0.5 * flat.resources["server CPU"])
 
 
+def test_after_work_waits_for_the_workers_turns():
+    """The first collective after the workers' own work waits ``after_work`` times the
+    work since the previous collective: the pull for data and the ids' dedup, the push
+    for compute and the gradients' dedup, the step's figures for the optimizer; the
+    ``serving`` factor when PS tables are served, ``idle`` otherwise."""
+    layout = Layout.from_shape(1, 2, 1)
+    unit = {"call_s": 0.0, "unit_s": 1e-6}
+    kernels = {k: dict(unit) for k in ("unique", "dedup", "gather", "apply", "dense_optimizer")}
+    factors = {"serving": 2.0, "idle": 0.5}
+
+    def step(routings, after_work):
+        params = CostParams(kernels=kernels, software=SOFTWARE, software_scope="job",
+                            handoff={"handoff_s": 0.0, "handoff_per_work": 0.0,
+                                     "after_work": after_work})
+        return predict_step(layout, FAST, params, routings, dense_bytes=[400],
+                            compute_s=0.004, data_s=0.001, include_control=True)
+
+    ps = {"t": _ps_routing(layout)}
+    flat, turns = step(ps, {"serving": 0.0, "idle": 0.0}), step(ps, factors)
+    # kernels: unique of 2 raw ids per worker; dedup of 2 rows x 16 bytes; the optimizer
+    # over 400 bytes (1 us per unit)
+    unique, dedup, optimizer = 2e-6, 32e-6, 400e-6
+    assert flat.resources.get("scheduling", 0.0) == 0.0
+    assert turns.phases["pull"] - flat.phases["pull"] == pytest.approx(2.0 * (0.001 + unique))
+    assert turns.phases["push"] - flat.phases["push"] == pytest.approx(2.0 * (0.004 + dedup))
+    assert turns.phases["control"] - flat.phases["control"] == pytest.approx(2.0 * optimizer)
+    assert turns.phases["dense"] == pytest.approx(flat.phases["dense"])  # after the push
+    assert turns.resources["scheduling"] == pytest.approx(
+        2.0 * (0.001 + unique + 0.004 + dedup + optimizer))
+    # every table replicated: the servers idle, the idle factor; the local read, the
+    # compute and the dedup all come before the allgather push's first collective
+    gathered = {"t": routing_from_ids(layout, "allgather", 8, 16,
+                                      [np.array([0, 5]), np.array([1, 6])])}
+    flat, turns = step(gathered, {"serving": 0.0, "idle": 0.0}), step(gathered, factors)
+    before_push = 0.001 + 0.004 + (unique + 32e-6) + dedup  # read: unique + gather
+    assert turns.phases["pull"] == pytest.approx(flat.phases["pull"])
+    assert turns.phases["push"] - flat.phases["push"] == pytest.approx(0.5 * before_push)
+    # without the measurement (presets, older calibrations) nothing changes
+    assert step(ps, None).seconds == pytest.approx(step(ps, {"serving": 0.0,
+                                                             "idle": 0.0}).seconds)
+
+
 def test_operations_measured_on_the_job_hold_their_collectives_latencies():
     """1 node, 2 workers owning the 2 partitions, no aggregation: a pull is a header
     Allgatherv (1 round), a counts Alltoall, the ids Alltoallv and the rows back

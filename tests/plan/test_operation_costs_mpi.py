@@ -26,3 +26,28 @@ def test_operations_measured_on_the_job_agree_on_every_rank(comm):
     ok = ok and costs["control"]["per_variable_s"] == 0.0
     same = comm.allgather(costs) == [costs] * comm.Get_size()
     assert comm.allreduce(ok and same, op=MPI.LAND)
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.timeout(120)
+def test_after_work_factor_is_measured_for_serving_and_idle_servers(comm):
+    """Both server modes measured, >= 0, the same on every rank; with more ranks than
+    cores only because of the server (the workers alone fit), a serving server (it
+    waits inside MPI) makes the workers take turns and an idle one (it polls) does not."""
+    import os
+
+    from hpcpax.plan.calibrate import measure_after_work, measure_handoff
+
+    topo = hpcpax.init(None, 1, comm=comm)
+    try:
+        factors = measure_after_work(topo, repeats=20)
+        handoff = measure_handoff(comm, repeats=10, topology=topo)
+    finally:
+        topo.free()
+    ok = set(factors) == {"serving", "idle"} and all(v >= 0.0 for v in factors.values())
+    ok = ok and set(handoff["after_work"]) == {"serving", "idle"}
+    same = comm.allgather(factors) == [factors] * comm.Get_size()
+    cores = len(os.sched_getaffinity(0))
+    if comm.Get_size() > cores >= comm.Get_size() - 1:
+        ok = ok and factors["serving"] > factors["idle"]
+    assert comm.allreduce(ok and same, op=MPI.LAND)
