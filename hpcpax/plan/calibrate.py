@@ -246,11 +246,10 @@ def measure_after_work(topology, work_s=HANDOFF_WORK_S, repeats: int = 60) -> di
     from ..ps.protocol import server_wait, server_wait_cap
 
     comm = topology.comm
-    if not topology.server_ranks or topology.num_workers < 2:
-        factor = (_after_work_factor(topology.workers, work_s, repeats)
-                  if topology.is_worker and topology.num_workers > 1 else 0.0)
-        factor = comm.bcast(factor, root=topology.worker_ranks[0])
-        return {"serving": factor, "idle": factor}
+    if topology.num_workers < 2:  # every rank knows: no collective of workers to wait in
+        return {"serving": 0.0, "idle": 0.0}
+    if not topology.server_ranks:  # every rank is a worker
+        return _after_work_on(topology.workers, work_s, repeats)
     out = {}
     mine = np.zeros(1, np.int64)
     everyone = np.zeros(comm.Get_size(), np.int64)
