@@ -228,7 +228,10 @@ class CostParams:
             hpcpax's host overhead per batched operation (``ps_pull``,
             ``ps_push``, ``allgather_push``, ``allreduce_push``,
             ``replica_pull``, ``dense_allreduce``, ...; ``per_row_s`` per id
-            of the worker, where measured), from
+            of the worker, where measured; ``dense_allreduce_idle`` and
+            ``control_idle``: the workers' collectives with no table on the PS;
+            ``after_ps_push[_no_aggregation]``: the wait a PS push leaves in the
+            workers' next collective, per pushed table and row), from
             :func:`hpcpax.plan.calibrate.measure_software`. It includes the
             kernels' fixed cost per call, so with it :meth:`kernel` counts
             only their per-unit cost.

@@ -23,7 +23,21 @@ PARTITIONS = 16
 #: ids of one call that measures an operation's cost per row (against 16)
 ROWS_PER_CALL = 512
 #: operations on replicated tables, timed before the PS holds any table
-REPLICATED_OPERATIONS = ("allgather_push", "allreduce_push", "replica_pull")
+REPLICATED_OPERATIONS = ("allgather_push", "after_allgather_push", "allreduce_push",
+                         "after_allreduce_push", "replica_pull")
+#: the workers' own collectives, timed alone with the servers idle (``*_idle``: no table
+#: on the PS) and serving (tables on the PS), neither after a PS operation
+WORKER_COLLECTIVES = ("dense_allreduce", "control")
+#: a push's wait in the workers' next collective (the servers' work on it, on their
+#: cores, after the workers' part of the push returned; the ranks out of step after a
+#: replicated push), timed as one dense tensor's allreduce right after the push, less
+#: that allreduce timed alone in the same servers' state (the value here)
+AFTER_PUSH = {"after_ps_push": "dense_allreduce",
+              "after_ps_push_no_aggregation": "dense_allreduce",
+              "after_allgather_push": "dense_allreduce_idle",
+              "after_allreduce_push": "dense_allreduce_idle"}
+#: the name of an operation's measurement with the servers idle
+IDLE_SUFFIX = "_idle"
 
 
 def _thread_limits():
@@ -150,7 +164,14 @@ def measure_operations(topology, counts=(1, 8), repeats: int = 15, dim: int = 16
     ``replica_pull`` (replicated tables' rows read locally),
     ``dense_allreduce`` and ``control`` (the trainer's
     per-step figures ``Allreduce``, see
-    :data:`hpcpax.plan.step_model.REDUCE_STEP_BYTES`). ``per_partition``:
+    :data:`hpcpax.plan.step_model.REDUCE_STEP_BYTES`): these two only among the
+    workers, so each is timed alone (one after the other, no PS operation
+    before them, whose servers' backlog would be charged to the number of
+    dense tensors) in both states of the servers: serving (``dense_allreduce``,
+    ``control``; a serving server waits inside MPI and takes a core) and idle
+    (``dense_allreduce_idle``, ``control_idle``; every table replicated, the
+    servers poll). On 2 cores with 2 workers and a server the first took
+    0.33-0.45 ms a call and the second 0.04-0.07 ms. ``per_partition``:
     its ``call_s`` is the extra seconds per partition an owner holds, per PS
     phase (a table of :data:`PARTITIONS` partitions against one of the
     default number, each call timed alone after a barrier of the workers,
@@ -206,21 +227,31 @@ def measure_operations(topology, counts=(1, 8), repeats: int = 15, dim: int = 16
                for k in counts}
     grads = {f"w{i}": np.ones(16, np.float32) for i in range(max(counts))}
     vector = np.zeros(REDUCE_STEP_BYTES // 8, np.float64)
+
+    def after_push():  # the workers' next collective after a push: one dense tensor
+        engines[counts[0]].allreduce({f"w{i}": grads[f"w{i}"] for i in range(counts[0])})
+
     # (operation, setup before it, call for k tables, call for one table and many rows
     # or None: an operation whose cost does not grow with the rows it moves)
     operations = [
         ("ps_pull", set_aggregation(True), lambda k: pull(keys[:k]),
          pull(keys[:1], many)),
         ("ps_push", None, lambda k: push(keys[:k]), push(keys[:1], many, many_values)),
+        ("after_ps_push", None, lambda k: after_push, after_push),
         ("ps_pull_no_aggregation", set_aggregation(False), lambda k: pull(keys[:k]),
          pull(keys[:1], many)),
         ("ps_push_no_aggregation", None, lambda k: push(keys[:k]),
          push(keys[:1], many, many_values)),
+        ("after_ps_push_no_aggregation", None, lambda k: after_push, after_push),
         ("allgather_push", None, lambda k: gather_push(keys[:k]),
          gather_push(keys[:1], many, many_values)),
+        # (a replicated push's own rows' work after its collective is the workers' own
+        # work, priced with the workers' turns: no per-row form of its wait)
+        ("after_allgather_push", None, lambda k: after_push, None),
         ("allreduce_push", None, lambda k: lambda: push_many(
             {n: densified[n] for n in keys[:k]},
             {n: SparseGrad(ids, values, rows) for n in keys[:k]}), None),
+        ("after_allreduce_push", None, lambda k: after_push, None),
         ("replica_pull", None, lambda k: replica_pull(keys[:k]),
          replica_pull(keys[:1], many)),
         ("dense_allreduce", None, lambda k: lambda: engines[k].allreduce(
@@ -232,6 +263,11 @@ def measure_operations(topology, counts=(1, 8), repeats: int = 15, dim: int = 16
     calls = {(name, k): make(k) for name, _, make, _ in operations for k in counts}
     calls.update({(name, "rows"): big for name, _, _, big in operations if big is not None})
     times = {key: [] for key in calls}
+
+    collectives = [op for op in operations if op[0] in WORKER_COLLECTIVES]
+    idle = [(name + IDLE_SUFFIX, setup, make, big) for name, setup, make, big in collectives]
+    calls.update({(name, k): make(k) for name, _, make, _ in idle for k in counts})
+    times.update({(name, k): [] for name, _, _, _ in idle for k in counts})
 
     def run_sequence(sequence):
         topology.workers.Barrier()
@@ -254,8 +290,11 @@ def measure_operations(topology, counts=(1, 8), repeats: int = 15, dim: int = 16
     # the PS's, with the servers serving
     replicated = [op for op in operations if op[0] in REPLICATED_OPERATIONS]
     run_sequence(replicated)
+    run_sequence(idle)
     ps.register(specs)
-    run_sequence([op for op in operations if op[0] not in REPLICATED_OPERATIONS])
+    run_sequence([op for op in operations
+                  if op[0] not in REPLICATED_OPERATIONS + WORKER_COLLECTIVES])
+    run_sequence(collectives)
     # the per-partition cost: one table of PARTITIONS partitions against one of the
     # default number, each call alone (a barrier before it) and the two alternating,
     # so neither carries a hand-off or a server's backlog the other does not (inside
@@ -288,9 +327,13 @@ def measure_operations(topology, counts=(1, 8), repeats: int = 15, dim: int = 16
     out = {}
     k0, k1 = counts[0], counts[-1]
     extra_rows = len(many) - len(ids)
-    for name, _, _, _ in operations:
+    # a push's wait in the workers' next collective: beyond that collective alone
+    for name, alone in AFTER_PUSH.items():
+        for key in [key for key in means if key[0] == name]:
+            means[key] = means[key] - means[(alone, k0)]
+    for name, _, _, _ in operations + idle:
         t0, t1 = means[(name, k0)] / n, means[(name, k1)] / n
-        per = max((t1 - t0) / (k1 - k0), 0.0) if name != "control" else 0.0
+        per = max((t1 - t0) / (k1 - k0), 0.0) if not name.startswith("control") else 0.0
         per_row = (max((means[(name, "rows")] / n - t0) / extra_rows, 0.0)
                    if (name, "rows") in means and k0 == 1 and extra_rows > 0 else 0.0)
         out[name] = {"call_s": max(t0 - per * k0 - per_row * len(ids), 0.0),

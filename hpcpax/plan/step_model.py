@@ -41,6 +41,15 @@ workers take turns, so the first collective after such work waits
 ``"serving"`` when PS tables are served, whose servers wait inside MPI
 taking a core, ``"idle"`` otherwise). Work inside an operation whose cost
 was measured (``software``) is not counted: its measurement holds it.
+A push also delays the workers' next collective (the dense allreduce, else
+the step's figures): a PS push by the servers' work on it, which runs on
+their cores after the workers' part returned, a replicated push by leaving
+the workers out of step; each is measured as that collective right after
+the push, less the collective alone (``after_ps_push``,
+``after_allgather_push``, ... in ``software``), and the longest of a step's
+pushes is charged. The workers' collectives themselves are priced in the
+servers' state (``dense_allreduce`` / ``control`` with PS tables served,
+their ``_idle`` forms when every table is replicated).
 
 Every second is also charged to a *resource* (``compute``, ``client
 kernels``, ``server CPU``, ``intra link``, ``inter link``, ``node NIC``,
@@ -244,6 +253,15 @@ def _ps_operation(params, operation, routings):
     return operation
 
 
+def _workers_operation(params, operation, serving: bool):
+    """``operation`` (a workers' collective) as measured in the servers' state: its
+    ``_idle`` form when no table is on the PS (and it was measured)."""
+    idle = operation + "_idle"
+    if not serving and params.software and idle in params.software:
+        return idle
+    return operation
+
+
 def _received_rows(r):
     """Rows each owner serves: everything sent to it, itself included."""
     return r.to_owner.sum(axis=0)
@@ -357,7 +375,19 @@ def predict_step(layout: Layout, links, params, routings: dict, dense_bytes=(),
                      lambda r, rows: params.kernel("dedup", rows * r.row_bytes))
     # dense: blocking fused allreduce, one bucket after the other
     total = float(sum(dense_bytes))
-    pred.charge("dense", "software", params.overhead("dense_allreduce", len(dense_bytes)))
+    # a push delays the workers' next collective (dense, else the step's figures): the
+    # servers' work on a PS push runs on their cores after the workers' part returned,
+    # and a replicated push leaves the workers out of step (each measured as such:
+    # after_*_push); pushes of several kinds wait for the longest
+    waits = [params.overhead("after_allgather_push", len(gathered)),
+             params.overhead("after_allreduce_push", len(densified))]
+    if on_ps:
+        waits.append(params.overhead(_ps_operation(params, "after_ps_push", on_ps),
+                                     len(on_ps), rows_of(on_ps)))
+    if len(workers) > 1:
+        pred.charge("dense" if total > 0 else "control", "scheduling", max(waits))
+    pred.charge("dense", "software", params.overhead(
+        _workers_operation(params, "dense_allreduce", bool(on_ps)), len(dense_bytes)))
     if total > 0 and len(workers) > 1:
         pred.hand_off("dense")
         full, rest = divmod(total, links.bucket_bytes)
@@ -380,7 +410,8 @@ def predict_step(layout: Layout, links, params, routings: dict, dense_bytes=(),
                 sum(params.kernel("dense_optimizer", b) for b in dense_bytes))
     if include_control and len(workers) > 1:
         pred.hand_off("control")
-        pred.charge("control", "software", params.overhead("control", 1))
+        pred.charge("control", "software", params.overhead(
+            _workers_operation(params, "control", bool(on_ps)), 1))
         pred.charge_cost("control", coll.allreduce(worker_nodes, REDUCE_STEP_BYTES, links,
                                                     itemsize=8), covered=True)
     return pred

@@ -150,6 +150,47 @@ def test_aggregating_exchange_uses_the_aggregating_operation_cost():
     assert fallback.phases["pull"] == pytest.approx(1e-3 + 2e-4)
 
 
+def test_workers_collectives_priced_in_the_servers_state_and_after_a_push():
+    """dense and control: the ``_idle`` measurement when every table is replicated,
+    the serving one with a PS table; after a PS push the next workers' collective
+    (dense, else control) waits ``after_ps_push`` for the pushed tables."""
+    layout = Layout.from_shape(1, 2, 1)
+    software = {**SOFTWARE,
+                "dense_allreduce_idle": {"call_s": 2e-5, "per_variable_s": 1e-6},
+                "control_idle": {"call_s": 3e-5, "per_variable_s": 0.0},
+                "after_ps_push": {"call_s": 5e-4, "per_variable_s": 2e-4, "per_row_s": 1e-5},
+                "after_ps_push_no_aggregation": {"call_s": 7e-4, "per_variable_s": 0.0}}
+    params = CostParams(software=software, software_scope="job")
+    gathered = {"t": routing_from_ids(layout, "allgather", 8, 16,
+                                      [np.array([0, 5]), np.array([1, 6])])}
+    idle = predict_step(layout, FAST, params, gathered, dense_bytes=[64, 64])
+    assert idle.phases["dense"] == pytest.approx(2e-5 + 2 * 1e-6)
+    assert idle.phases["control"] == pytest.approx(3e-5)
+    aggregated = {"t": _ps_routing(layout, True)}
+    served = predict_step(layout, FAST, params, aggregated, dense_bytes=[64, 64])
+    rows = 2  # each worker's ids of the table
+    assert served.phases["dense"] == pytest.approx(2e-4 + 2 * 1e-5 + 5e-4 + 2e-4 + rows * 1e-5)
+    assert served.phases["control"] == pytest.approx(3e-4)
+    # no dense tensors: the wait lands on the control Allreduce; no aggregation: its form
+    direct = predict_step(layout, FAST, params, {"t": _ps_routing(layout, False)})
+    assert direct.phases["dense"] == 0.0
+    assert direct.phases["control"] == pytest.approx(3e-4 + 7e-4)
+    # a replicated push's wait lands on the next collective too; with a PS push as
+    # well the longer of the two
+    waits = {**software, "after_allgather_push": {"call_s": 4e-4, "per_variable_s": 1e-4},
+             "after_allreduce_push": {"call_s": 9e-4, "per_variable_s": 0.0}}
+    params = CostParams(software=waits, software_scope="job")
+    replicated = predict_step(layout, FAST, params, gathered, dense_bytes=[64, 64])
+    assert replicated.phases["dense"] == pytest.approx(2e-5 + 2 * 1e-6 + 4e-4 + 1e-4)
+    both = predict_step(layout, FAST, params, {"g": gathered["t"], **aggregated},
+                        dense_bytes=[64, 64])
+    assert both.phases["dense"] == pytest.approx(2e-4 + 2 * 1e-5 + 5e-4 + 2e-4 + rows * 1e-5)
+    # a calibration without these measurements prices as before
+    old = predict_step(layout, FAST, CostParams(software=SOFTWARE, software_scope="job"),
+                       gathered, dense_bytes=[64, 64])
+    assert old.phases["dense"] == pytest.approx(2e-4 + 2 * 1e-5)
+
+
 def test_bad_software_scope_is_refused():
     with pytest.raises(ValueError, match="software_scope must be 'process' or 'job', not 'x'"):
         CostParams(software_scope="x")

@@ -7,8 +7,10 @@ import hpcpax
 from hpcpax.plan.operation_costs import measure_operations
 
 OPERATIONS = {"ps_pull", "ps_push", "ps_pull_no_aggregation", "ps_push_no_aggregation",
+              "after_ps_push", "after_ps_push_no_aggregation", "after_allgather_push",
+              "after_allreduce_push",
               "allgather_push", "allreduce_push", "replica_pull", "dense_allreduce", "control",
-              "per_partition"}
+              "dense_allreduce_idle", "control_idle", "per_partition"}
 
 
 @pytest.mark.mpi(min_size=3)
@@ -24,6 +26,9 @@ def test_operations_measured_on_the_job_agree_on_every_rank(comm):
     # a batched PS pull crosses ranks: it costs more than nothing
     ok = ok and costs["ps_pull"]["call_s"] + costs["ps_pull"]["per_variable_s"] > 0.0
     ok = ok and costs["control"]["per_variable_s"] == 0.0
+    ok = ok and costs["control_idle"]["per_variable_s"] == 0.0
+    # a replicated push's wait has no per-row form (its rows' work is priced as work)
+    ok = ok and costs["after_allgather_push"]["per_row_s"] == 0.0
     same = comm.allgather(costs) == [costs] * comm.Get_size()
     assert comm.allreduce(ok and same, op=MPI.LAND)
 
