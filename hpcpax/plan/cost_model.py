@@ -230,8 +230,9 @@ class CostParams:
             ``replica_pull``, ``dense_allreduce``, ...; ``per_row_s`` per id
             of the worker, where measured; ``dense_allreduce_idle`` and
             ``control_idle``: the workers' collectives with no table on the PS;
-            ``after_ps_push[_no_aggregation]``: the wait a PS push leaves in the
-            workers' next collective, per pushed table and row), from
+            ``after_ps_push[_no_aggregation]``, ``after_allgather_push``,
+            ``after_allreduce_push``: the wait a push leaves in the workers'
+            next collective, per pushed table (and row, for the PS)), from
             :func:`hpcpax.plan.calibrate.measure_software`. It includes the
             kernels' fixed cost per call, so with it :meth:`kernel` counts
             only their per-unit cost.

@@ -28,10 +28,11 @@ REPLICATED_OPERATIONS = ("allgather_push", "after_allgather_push", "allreduce_pu
 #: the workers' own collectives, timed alone with the servers idle (``*_idle``: no table
 #: on the PS) and serving (tables on the PS), neither after a PS operation
 WORKER_COLLECTIVES = ("dense_allreduce", "control")
-#: a push's wait in the workers' next collective (the servers' work on it, on their
-#: cores, after the workers' part of the push returned; the ranks out of step after a
-#: replicated push), timed as one dense tensor's allreduce right after the push, less
-#: that allreduce timed alone in the same servers' state (the value here)
+#: a push's wait in the workers' next collective (after a PS push, the servers' work
+#: on it, on their cores, after the workers' part returned; after a replicated push,
+#: what it leaves behind on an oversubscribed host), timed as one dense tensor's
+#: allreduce right after the push, less that allreduce timed alone in the same
+#: servers' state (the value here)
 AFTER_PUSH = {"after_ps_push": "dense_allreduce",
               "after_ps_push_no_aggregation": "dense_allreduce",
               "after_allgather_push": "dense_allreduce_idle",
@@ -170,8 +171,13 @@ def measure_operations(topology, counts=(1, 8), repeats: int = 15, dim: int = 16
     dense tensors) in both states of the servers: serving (``dense_allreduce``,
     ``control``; a serving server waits inside MPI and takes a core) and idle
     (``dense_allreduce_idle``, ``control_idle``; every table replicated, the
-    servers poll). On 2 cores with 2 workers and a server the first took
-    0.33-0.45 ms a call and the second 0.04-0.07 ms. ``per_partition``:
+    servers poll). A push's wait in the workers' next collective is its own
+    operation: ``after_ps_push``, ``after_ps_push_no_aggregation``,
+    ``after_allgather_push``, ``after_allreduce_push``, each a one-tensor
+    dense allreduce right after that push less the same allreduce alone
+    (:data:`AFTER_PUSH`; on 2 cores with 2 workers and a serving server the
+    allreduce took 0.33-0.45 ms right after a PS push and 0.02-0.03 ms
+    alone). ``per_partition``:
     its ``call_s`` is the extra seconds per partition an owner holds, per PS
     phase (a table of :data:`PARTITIONS` partitions against one of the
     default number, each call timed alone after a barrier of the workers,

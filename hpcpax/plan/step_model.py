@@ -43,9 +43,9 @@ taking a core, ``"idle"`` otherwise). Work inside an operation whose cost
 was measured (``software``) is not counted: its measurement holds it.
 A push also delays the workers' next collective (the dense allreduce, else
 the step's figures): a PS push by the servers' work on it, which runs on
-their cores after the workers' part returned, a replicated push by leaving
-the workers out of step; each is measured as that collective right after
-the push, less the collective alone (``after_ps_push``,
+their cores after the workers' part returned, a replicated push by what
+it leaves behind on an oversubscribed host; each is measured as that
+collective right after the push, less the collective alone (``after_ps_push``,
 ``after_allgather_push``, ... in ``software``), and the longest of a step's
 pushes is charged. The workers' collectives themselves are priced in the
 servers' state (``dense_allreduce`` / ``control`` with PS tables served,
@@ -376,9 +376,9 @@ def predict_step(layout: Layout, links, params, routings: dict, dense_bytes=(),
     # dense: blocking fused allreduce, one bucket after the other
     total = float(sum(dense_bytes))
     # a push delays the workers' next collective (dense, else the step's figures): the
-    # servers' work on a PS push runs on their cores after the workers' part returned,
-    # and a replicated push leaves the workers out of step (each measured as such:
-    # after_*_push); pushes of several kinds wait for the longest
+    # servers' work on a PS push runs on their cores after the workers' part returned;
+    # a replicated push's wait is measured too (each as such: after_*_push); pushes of
+    # several kinds wait for the longest
     waits = [params.overhead("after_allgather_push", len(gathered)),
              params.overhead("after_allreduce_push", len(densified))]
     if on_ps:
