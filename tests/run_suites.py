@@ -18,6 +18,22 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+#: A rank's log is printed after a failed run when it holds one of these:
+#: a failure, an error, or stacks (a timeout; see ``mpi_pytest.StacksBeforeTimeout``).
+LOG_MARKS = ("FAILED", "Error", "most recent call first", "Timeout")
+
+
+def brief(text):
+    """A log without pytest's and Python's own frames (stacks keep the project's)."""
+    keep, skipping = [], False
+    for line in text.splitlines():
+        if line.lstrip().startswith("File "):
+            skipping = any(m in line for m in ("site-packages", "<frozen", "/lib/python3"))
+        elif not line.startswith("    "):
+            skipping = False  # a source line follows its File line; anything else ends it
+        if not skipping:
+            keep.append(line)
+    return "\n".join(keep)
 
 
 def count(xml_path):
@@ -79,8 +95,8 @@ def main():
                 failures.append(label)
                 for log in sorted(report.glob("rank*.log")):
                     text = log.read_text(errors="replace")
-                    if "FAILED" in text or "Error" in text:
-                        print(f"--- {log.name} ---\n{text[-6000:]}", flush=True)
+                    if any(mark in text for mark in LOG_MARKS):
+                        print(f"--- {log.name} ---\n{brief(text)[-6000:]}", flush=True)
     if failures:
         print(f"failing runs: {', '.join(failures)}", flush=True)
     print(f"total: {totals[0]} passed, {totals[1]} failed, {totals[2]} skipped", flush=True)
