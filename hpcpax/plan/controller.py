@@ -201,22 +201,23 @@ class PlanController:
         topo = trainer.topology
         measured = self._measurements()
         text = None
-        if trainer.is_leader:
-            plan = make_plan(self._variables(measured), self.mode, self._shape(),
+        if trainer.is_leader:  # one rank decides everything, keeps included: no
+            # rank can take another branch of a collective switch on round-off
+            specs = self._variables(measured)
+            plan = make_plan(specs, self.mode, self._shape(),
                              self.fabric, measurements=measured, search=self.search,
                              correction=load_correction(), hot_rows=self._hot_rows_setting())
+            if replanning:
+                for spec in specs:
+                    if spec["kind"] != "sparse":
+                        continue
+                    times = predict_all(spec, self._shape(), self.fabric)
+                    if not should_switch(trainer.sync[spec["name"]].method, times,
+                                         float(trainer.config["replan_threshold"])):
+                        self._keep(plan.variables[spec["name"]], spec["name"])  # gain too small
             text = plan.to_json()
         plan = Plan.from_json(topo.workers.bcast(text, root=0))
         check_same(topo.workers, "plan", {"fingerprint": plan.fingerprint()})
-        if replanning:
-            for name, entry in plan.variables.items():
-                if entry.kind != "sparse":
-                    continue
-                spec = next(v for v in self._variables(measured) if v["name"] == name)
-                times = predict_all(spec, self._shape(), self.fabric)
-                if not should_switch(trainer.sync[name].method, times,
-                                     float(trainer.config["replan_threshold"])):
-                    self._keep(entry, name)  # the predicted gain is too small
         self.plan = plan
         self.apply(plan)
         trainer.write_plan()
