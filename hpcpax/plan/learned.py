@@ -96,9 +96,16 @@ def record_group(record: dict) -> str:
     return name + " " + json.dumps(record.get("layout"), sort_keys=True, default=str)
 
 
-def _median_error(rows, weights) -> float:
-    errors = [abs(float(f @ weights) + rest - m) / m for f, rest, m in rows]
-    return float(np.median(errors))
+def _arrays(records):
+    """``(features [n, K], rest [n], measured [n])`` of records that have a prediction."""
+    rows = [record_features(r) for r in records]
+    return (np.array([f for f, _, _ in rows]).reshape(len(rows), len(FEATURES)),
+            np.array([rest for _, rest, _ in rows]), np.array([m for _, _, m in rows]))
+
+
+def _median_error(data, weights) -> float:
+    features, rest, measured = data
+    return float(np.median(np.abs(features @ weights + rest - measured) / measured))
 
 
 def fit_correction(records, ridge: float | None = None) -> Correction | None:
@@ -108,50 +115,57 @@ def fit_correction(records, ridge: float | None = None) -> Correction | None:
     leave-one-group-out cross-validation (:data:`RIDGE` when there is one
     group). With two groups or more the result carries ``validation``, and
     when held-out groups are predicted no better than by the analytic model
-    its weights are all 1 (``helps`` False).
+    its weights are all 1 (``helps`` False). Each record's features are read
+    once and each fold is one K x K solve, so thousands of records fit in
+    milliseconds (the first worker fits while the others wait).
     """
     usable = [r for r in records if record_features(r) is not None]
     if not usable:
         return None
-    groups = [record_group(r) for r in usable]
+    data = _arrays(usable)
+    groups = np.array([record_group(r) for r in usable])
     models = sorted({(r.get("model") or {}).get("name") or "?" for r in usable})
-    if len(set(groups)) < 2:
-        return Correction(_fit_weights(usable, RIDGE if ridge is None else ridge), len(usable),
-                          models)
-    rows = [record_features(r) for r in usable]
-    ones = np.ones(len(FEATURES))
-    analytic = _median_error(rows, ones)
+    names = sorted(set(groups.tolist()))
+    if len(names) < 2:
+        return Correction(_weights_dict(_solve(data, RIDGE if ridge is None else ridge)),
+                          len(usable), models)
+    analytic = _median_error(data, np.ones(len(FEATURES)))
     scores = {}
     for strength in (RIDGES if ridge is None else (ridge,)):
-        for group in sorted(set(groups)):
-            train = [r for r, g in zip(usable, groups) if g != group]
-            weights = np.array([_fit_weights(train, strength)[k] for k in FEATURES])
-            scores.setdefault(strength, []).extend(
-                abs(float(f @ weights) + rest - m) / m
-                for (f, rest, m), g in zip(rows, groups) if g == group)
-        scores[strength] = float(np.median(scores[strength]))
+        errors = []
+        for group in names:
+            held = groups == group
+            weights = _solve(tuple(a[~held] for a in data), strength)
+            errors.append(np.abs(data[0][held] @ weights + data[1][held] - data[2][held])
+                          / data[2][held])
+        scores[strength] = float(np.median(np.concatenate(errors)))
     best = min(scores, key=scores.get)
     helps = scores[best] < analytic
-    validation = {"groups": len(set(groups)), "ridge": best, "analytic_error": analytic,
+    validation = {"groups": len(names), "ridge": best, "analytic_error": analytic,
                   "learned_error": scores[best], "helps": bool(helps)}
-    weights = _fit_weights(usable, best) if helps else dict.fromkeys(FEATURES, 1.0)
+    weights = (_weights_dict(_solve(data, best)) if helps
+               else dict.fromkeys(FEATURES, 1.0))
     return Correction(weights, len(usable), models, validation)
 
 
-def _fit_weights(records, ridge: float) -> dict:
-    """``{feature: weight}`` fitted on ``records`` (each has a prediction)."""
-    rows = [record_features(r) for r in records]
-    x = np.array([f for f, _, _ in rows])
-    y = np.array([m - rest for _, rest, m in rows])
-    # relative errors matter: weight each run by 1 / its measured time
-    scale = 1.0 / np.maximum(np.array([m for _, _, m in rows]), 1e-9)
-    xs, ys = x * scale[:, None], y * scale
-    strength = ridge * max(float(np.mean(xs ** 2)), 1e-12) * len(rows)
+def _solve(data, ridge: float) -> np.ndarray:
+    """Weights fitted on ``data`` (:func:`_arrays`): ridge least squares towards 1.
+
+    Minimises ``sum_i ((x_i w - y_i) / m_i)^2 + s |w - 1|^2`` (relative errors
+    matter: each run weighted by 1 / its measured time), ``s`` = ``ridge`` x
+    the mean squared scaled feature x the number of runs; solved through the
+    K x K normal equations, then clipped to :data:`WEIGHT_RANGE`.
+    """
+    features, rest, measured = data
+    scale = 1.0 / np.maximum(measured, 1e-9)
+    xs, ys = features * scale[:, None], (measured - rest) * scale
     k = len(FEATURES)
-    design = np.vstack([xs, np.sqrt(strength) * np.eye(k)])
-    target = np.concatenate([ys, np.sqrt(strength) * np.ones(k)])
-    weights, *_ = np.linalg.lstsq(design, target, rcond=None)
-    weights = np.clip(weights, *WEIGHT_RANGE)
+    strength = ridge * max(float(np.mean(xs ** 2)), 1e-12) * len(measured)
+    weights = np.linalg.solve(xs.T @ xs + strength * np.eye(k), xs.T @ ys + strength)
+    return np.clip(weights, *WEIGHT_RANGE)
+
+
+def _weights_dict(weights) -> dict:
     return {name: float(w) for name, w in zip(FEATURES, weights)}
 
 

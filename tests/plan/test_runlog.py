@@ -134,6 +134,32 @@ def test_correction_recovers_known_weights():
     assert again.weights == correction.weights and set(again.weights) == set(FEATURES)
 
 
+def test_cross_validation_fits_each_held_out_group_once(monkeypatch):
+    from hpcpax.plan import learned
+
+    rng = np.random.default_rng(1)
+    truth = {"latency": 3.0, "client kernels": 0.5}
+    records = []
+    for model in ("a", "b", "c"):
+        for _ in range(20):
+            resources = {k: rng.uniform(1e-3, 5e-3) for k in ("latency", "client kernels",
+                                                             "compute")}
+            measured = resources["compute"] + sum(truth[k] * resources[k] for k in truth)
+            records.append(_record(model=model, step=measured, resources=resources))
+    solves = []
+    original = learned._solve
+    monkeypatch.setattr(learned, "_solve", lambda *a: solves.append(1) or original(*a))
+    correction = fit_correction(records)
+    v = correction.validation
+    assert v["groups"] == 3 and v["helps"] and v["learned_error"] < 0.1 * v["analytic_error"]
+    # one solve per (ridge, held-out group), one on every record for the weights
+    assert len(solves) == len(learned.RIDGES) * 3 + 1
+    # the ridge pulls towards the analytic 1: between it and the truth
+    assert 2.5 < correction.weights["latency"] <= 3.0
+    assert 0.5 <= correction.weights["client kernels"] < 0.7
+    assert correction.weights["inter link"] == pytest.approx(1.0)
+
+
 def test_plan_says_whether_the_correction_was_used(tmp_path):
     fabric = Fabric(LinkModel(1e-6, 5e9), LinkModel(1e-6, 5e9), 1 << 20)
     variables = [{"name": "emb", "kind": "sparse", "shape": (50_000, 32), "alpha": 0.01}]
