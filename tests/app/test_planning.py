@@ -35,6 +35,19 @@ def run(comm, tmp_path, name, hooks=(), **overrides):
     return trainer, path, losses, params
 
 
+def read_on_first(comm, read):
+    """``read()`` on rank 0, its result on every rank (the error it raised, as text,
+    if it raised): a check of rank 0's that fails must not leave the other ranks
+    waiting in the test's next collective."""
+    result = None
+    if comm.Get_rank() == 0:
+        try:
+            result = read()
+        except Exception as error:  # noqa: BLE001 - every rank asserts on it
+            result = f"rank 0 raised {error!r}"
+    return comm.bcast(result, root=0)
+
+
 def close(a, b):
     return all(np.allclose(a[p][k], b[p][k], rtol=1e-9, atol=1e-12)
                for p in ("dense", "sparse") for k in a[p])
@@ -53,16 +66,20 @@ def fixed_ps(tmp_path_factory):
 def test_measured_plan_is_saved_agreed_and_exact(comm, tmp_path, fixed_ps, mode):
     trainer, path, losses, params = run(comm, tmp_path, mode, plan=mode, plan_steps=3)
     ok = close(params, fixed_ps[1]) and np.allclose(losses, fixed_ps[0], rtol=1e-9)
-    if comm.Get_rank() == 0:
+
+    def check_plan():
         plan = Plan.load(os.path.join(path, "plan.json"))
         sparse = {n: v for n, v in plan.variables.items() if v.kind == "sparse"}
-        ok &= set(sparse) == {"embedding", "softmax_w", "softmax_b"}
-        ok &= plan.fabric is not None and plan.search["mode"] == mode
-        ok &= all(plan.measurements[n]["steps"] == 3 and 0 < plan.measurements[n]["alpha"] <= 1
-                  for n in sparse)
+        good = set(sparse) == {"embedding", "softmax_w", "softmax_b"}
+        good &= plan.fabric is not None and plan.search["mode"] == mode
+        good &= all(plan.measurements[n]["steps"] == 3
+                    and 0 < plan.measurements[n]["alpha"] <= 1 for n in sparse)
         if mode == "hybrid":
-            ok &= all(v.method == "ps" for v in sparse.values())
+            good &= all(v.method == "ps" for v in sparse.values())
+        return good
+
     assert comm.allreduce(bool(ok), op=MPI.LAND)
+    assert read_on_first(comm, check_plan) is True
 
 
 @pytest.mark.mpi(min_size=1)
@@ -71,11 +88,15 @@ def test_partition_search_runs_live_and_stays_exact(comm, tmp_path, fixed_ps):
     trainer, path, losses, params = run(comm, tmp_path, "search", plan="hybrid", plan_steps=2,
                                         partition_search=True, steps=40)
     ok = close(params, fixed_ps_40(comm, tmp_path))
-    if comm.Get_rank() == 0:
-        plan = json.load(open(os.path.join(path, "plan.json")))
-        ok &= all(name in plan["search"] and plan["search"][name]["chosen"] >= 1
-                  for name in ("embedding", "softmax_w", "softmax_b"))
+
+    def check_search():
+        with open(os.path.join(path, "plan.json")) as f:
+            plan = json.load(f)
+        return all(name in plan["search"] and plan["search"][name]["chosen"] >= 1
+                   for name in ("embedding", "softmax_w", "softmax_b"))
+
     assert comm.allreduce(bool(ok), op=MPI.LAND)
+    assert read_on_first(comm, check_search) is True
 
 
 def fixed_ps_40(comm, tmp_path):
@@ -125,13 +146,8 @@ def test_replanning_below_the_threshold_keeps_every_variable(comm, tmp_path, fix
     counts = comm.allgather(len(calls))
     first = trainer.topology.worker_ranks[0]
     assert counts[first] > 0 and all(c == 0 for r, c in enumerate(counts) if r != first), counts
-    reasons = None
-    if comm.Get_rank() == 0:  # read on one rank, judged on every rank (no rank leaves early)
-        try:
-            plan = Plan.load(os.path.join(path, "plan.json"))
-            reasons = [v.reason for v in plan.variables.values() if v.kind == "sparse"]
-        except Exception as error:  # noqa: BLE001 - reported on every rank below
-            reasons = repr(error)
-    reasons = comm.bcast(reasons, root=0)
+    reasons = read_on_first(comm, lambda: [
+        v.reason for v in Plan.load(os.path.join(path, "plan.json")).variables.values()
+        if v.kind == "sparse"])
     assert comm.allreduce(bool(close(params, fixed_ps[1])), op=MPI.LAND)
     assert len(reasons) == 3 and all(r.startswith("kept:") for r in reasons), reasons
