@@ -103,9 +103,10 @@ def _arrays(records):
             np.array([rest for _, rest, _ in rows]), np.array([m for _, _, m in rows]))
 
 
-def _median_error(data, weights) -> float:
+def _errors(data, weights) -> np.ndarray:
+    """Relative errors of the corrected predictions of ``data`` (:func:`_arrays`)."""
     features, rest, measured = data
-    return float(np.median(np.abs(features @ weights + rest - measured) / measured))
+    return np.abs(features @ weights + rest - measured) / measured
 
 
 def fit_correction(records, ridge: float | None = None) -> Correction | None:
@@ -129,15 +130,14 @@ def fit_correction(records, ridge: float | None = None) -> Correction | None:
     if len(names) < 2:
         return Correction(_weights_dict(_solve(data, RIDGE if ridge is None else ridge)),
                           len(usable), models)
-    analytic = _median_error(data, np.ones(len(FEATURES)))
+    analytic = float(np.median(_errors(data, np.ones(len(FEATURES)))))
     scores = {}
     for strength in (RIDGES if ridge is None else (ridge,)):
         errors = []
         for group in names:
             held = groups == group
             weights = _solve(tuple(a[~held] for a in data), strength)
-            errors.append(np.abs(data[0][held] @ weights + data[1][held] - data[2][held])
-                          / data[2][held])
+            errors.append(_errors(tuple(a[held] for a in data), weights))
         scores[strength] = float(np.median(np.concatenate(errors)))
     best = min(scores, key=scores.get)
     helps = scores[best] < analytic
