@@ -202,6 +202,8 @@ def _one_run(comm, config, method, steps, warmup, workdir, calibration, compute,
                             software=calibration["software"],
                             software_scope=calibration.get("software_scope", "process"),
                             partition_overhead_s=calibration.get("partition_overhead_s", 0.0),
+                            partition_overhead_per=calibration.get("partition_overhead_per",
+                                                                   "variable"),
                             source="calibrated in this job")
         links = Links.from_fabric(calibration["fabric"])
         predictions = [predict_step(layout, links, params, r, dense_bytes, compute_s=compute[1],

@@ -333,7 +333,11 @@ def calibrate(topology, fabric_seconds: float = 1.0, dim: int = 64) -> dict:
     """The model's measured constants for this job; **collective** over ``topology.comm``.
 
     Returns ``{"fabric": dict for Links.from_fabric, "kernels": {...},
-    "one_host": bool}``, the same on every rank.
+    "handoff", "software", "software_scope": "job", "partition_overhead_s",
+    "partition_overhead_per": "exchange", "one_host": bool}``, the same on
+    every rank (the keyword arguments of
+    :class:`~hpcpax.plan.cost_model.CostParams` but ``fabric`` and
+    ``one_host``).
     """
     from mpi4py import MPI
 
@@ -364,4 +368,5 @@ def calibrate(topology, fabric_seconds: float = 1.0, dim: int = 64) -> dict:
     per_partition = software.pop("per_partition")["call_s"]
     return {"fabric": fabric, "kernels": kernels, "handoff": handoff, "software": software,
             "software_scope": "job", "partition_overhead_s": per_partition,
+            "partition_overhead_per": "exchange",
             "one_host": bool(one_host)}

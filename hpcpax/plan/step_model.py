@@ -15,7 +15,10 @@ measured rates in :class:`~hpcpax.plan.cost_model.CostParams`) or a
 collective priced by :mod:`hpcpax.plan.collectives` for the algorithm MPICH
 runs. Server work (gathers, dedup and optimizer on pushed rows) on one owner
 runs its partitions ``min(partitions it owns, server_lanes)`` at a time, and
-pays ``partition_overhead_s`` per partition per phase.
+pays ``partition_overhead_s`` per partition per phase: each table's
+partitions (``CostParams.partition_overhead_per="variable"``, a framework
+running one operation per partition) or, in hpcpax's batched exchange, once
+for the most partitions one table has there (``"exchange"``).
 
 hpcpax's fixed cost per operation (``software``) comes from
 :class:`~hpcpax.plan.cost_model.CostParams.software`. Measured on a one-rank
@@ -176,14 +179,22 @@ def after_work_factor(handoff, serving: bool) -> float:
     return max(float(factors.get("serving" if serving else "idle", 0.0)), 0.0)
 
 
-def _server_seconds(work, routing_parts, params):
-    """Per-rank seconds of server work spread over its partitions' lanes."""
+def _server_seconds(work, routing_parts, params, overhead_parts=None, share=1.0):
+    """Per-rank seconds of server work spread over its partitions' lanes.
+
+    ``routing_parts``: partitions each rank owns over the exchange's tables
+    (they share the lanes); ``overhead_parts``: the partitions that pay
+    ``partition_overhead_s`` (default ``routing_parts``; with
+    ``partition_overhead_per="exchange"`` the most one table has, and a
+    variable priced alone pays ``share`` of it).
+    """
     parts = np.maximum(routing_parts, 1.0)
     lanes = np.minimum(parts, max(1, int(params.server_lanes)))
     seconds = work / lanes
     owns = routing_parts > 0
-    seconds = seconds + np.where(owns, np.ceil(routing_parts / lanes) * params.partition_overhead_s,
-                                 0.0)
+    paying = routing_parts if overhead_parts is None else overhead_parts
+    seconds = seconds + np.where(owns, np.ceil(paying / lanes) * params.partition_overhead_s
+                                 * share, 0.0)
     return seconds
 
 
@@ -231,7 +242,13 @@ def _ps_exchange(pred, phase, layout, links, params, routings, record, server_wo
                      covered=True)
     work = sum(server_work(r) for r in routings)
     parts = sum(r.parts_of_owner for r in routings)
-    pred.charge(phase, "server CPU", float(_server_seconds(work, parts, params).max()))
+    if params.partition_overhead_per == "exchange":
+        # one vectorized pass per table: an exchange pays for its widest table once
+        seconds = _server_seconds(work, parts, params,
+                                  np.max([r.parts_of_owner for r in routings], axis=0), share)
+    else:
+        seconds = _server_seconds(work, parts, params)
+    pred.charge(phase, "server CPU", float(seconds.max()))
     if back is not None:
         pred.charge_cost(phase, coll.alltoallv(everyone, sum(r.to_owner.T * back(r)
                                                              for r in routings), links),

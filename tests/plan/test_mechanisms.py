@@ -110,6 +110,31 @@ def test_partition_parallelism_and_per_partition_cost():
     assert one == pytest.approx(many)
 
 
+def test_per_partition_cost_per_variable_or_per_exchange():
+    """Eight tables of 16 partitions on one server: TensorFlow-style, each table's
+    partitions pay; hpcpax's batched exchange pays once for its widest table."""
+    layout = Layout.from_shape(1, 2, 1)
+    overhead = 1e-5
+
+    def server_cpu(partitions, per, ps_batch=None, tables=8):
+        routings = {f"t{i}": expected_routing(layout, "ps", 1000, 64, 0.1,
+                                              partitions=partitions) for i in range(tables)}
+        params = CostParams(partition_overhead_s=overhead, partition_overhead_per=per)
+        return predict_step(layout, LINKS, params, routings, ps_batch=ps_batch,
+                            include_control=False).resources.get("server CPU", 0.0)
+
+    # no kernel rates: the server's seconds are the per-partition cost alone, pull + push
+    assert server_cpu(16, "variable") == pytest.approx(2 * 8 * 16 * overhead)
+    assert server_cpu(16, "exchange") == pytest.approx(2 * 16 * overhead)
+    assert server_cpu(16, "exchange") - server_cpu(1, "exchange") == pytest.approx(
+        2 * 15 * overhead)
+    # one variable priced alone among eight: an eighth of its exchange's cost
+    assert server_cpu(16, "exchange", ps_batch=8, tables=1) == pytest.approx(2 * 2 * overhead)
+    assert server_cpu(16, "variable", ps_batch=8, tables=1) == pytest.approx(2 * 16 * overhead)
+    with pytest.raises(ValueError, match="partition_overhead_per"):
+        CostParams(partition_overhead_per="table")
+
+
 def test_local_aggregation_fan_in_lands_on_few_delegates():
     """With one partition, one delegate per node receives all its node's rows."""
     layout = Layout.from_shape(1, 4, 1)
