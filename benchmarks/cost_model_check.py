@@ -38,11 +38,19 @@ analytic model is used). Nothing is fitted to the measured step times
 except that correction.
 
 Usage: ``python benchmarks/cost_model_check.py [--quick] [--rounds 3]
-[--layouts 2-2-0 4-2-1] [--save-jobs DIR]`` (it starts its own ``mpirun``
-jobs; ``--save-jobs`` keeps each layout's per-phase predictions and
-calibrations). On a 2-core machine layouts with more
+[--layouts 2-2-0 4-2-1] [--save-jobs DIR] [--cluster 2gbit]`` (it starts its
+own ``mpirun`` jobs; ``--save-jobs`` keeps each layout's per-phase
+predictions and calibrations). On a 2-core machine layouts with more
 than 2 ranks oversubscribe the cores; the constants are measured under that
 oversubscription. One JSON line.
+
+``--cluster RATE`` runs the layouts on an emulated cluster instead of
+virtual nodes (:mod:`hpcpax.cluster`, root): each node a network namespace
+whose link is shaped to ``RATE`` per direction, the ranks of a node in one
+namespace, inter-node traffic over TCP across the shaped links. The
+calibration then measures that link as the inter-node class. Without
+``--layouts`` only the layouts of 2+ nodes run. Without root or ``ip
+netns`` the line says ``skipped``.
 """
 
 from __future__ import annotations
@@ -79,6 +87,8 @@ METHODS = {
     "allgather": {"plan": "allgather"},
     "allreduce": {"plan": "allreduce"},
 }
+#: the emulated cluster of ``--cluster`` (apart from the tests' and other benchmarks')
+CLUSTER_PREFIX, CLUSTER_SUBNET = "hpk", "10.213.249.0/24"
 BYTE_FIELDS = ("sent", "recv", "sent_inter")
 ROW_FIELDS = {"sent": 0, "recv": 1, "sent_inter": 2}
 
@@ -378,30 +388,82 @@ def main():
                         help="subset of layouts as RANKS-PERNODE-SERVERS, e.g. 2-2-0 4-2-1")
     parser.add_argument("--save-jobs", default=None,
                         help="folder to keep each layout job's raw JSON (per-phase detail)")
+    parser.add_argument("--cluster", default=None, metavar="RATE",
+                        help="run on an emulated cluster with links shaped to RATE (2gbit); "
+                             "root")
     args = parser.parse_args()
     if args.job:
         return job_main(args)
     from _common import emit
 
-    from hpcpax.plan.runlog import RunLog
-
     layouts = QUICK_LAYOUTS if args.quick else LAYOUTS
+    if args.cluster and not args.layouts:
+        layouts = [layout for layout in layouts if layout[0] // layout[1] >= 2]
     if args.layouts:
         layouts = [tuple(int(x) for x in name.split("-")) for name in args.layouts]
+    for ranks, per_node, servers in layouts:
+        if per_node < 1 or ranks % per_node:
+            parser.error(f"layout {ranks}-{per_node}-{servers}: the ranks must fill whole "
+                         f"nodes of {per_node}")
     if args.quick:
         args.rounds, args.steps, args.warmup = 1, 8, 3
+    fabric = {"kind": "virtual nodes (one host's shared memory)"}
+    if not args.cluster:
+        jobs, failures = _run_layouts(args, layouts, None)
+    else:
+        from hpcpax import cluster
+
+        reason = cluster.preflight()
+        if reason:
+            emit({"benchmark": "cost_model_check", "cluster": args.cluster,
+                  "skipped": f"no emulated cluster here: {reason}"})
+            return 0
+        cluster.down(CLUSTER_PREFIX, log=lambda text: None)
+        try:
+            spec = cluster.up(max(r // p for r, p, _ in layouts), rate=args.cluster,
+                              prefix=CLUSTER_PREFIX, subnet=CLUSTER_SUBNET,
+                              check_links=max(r // p for r, p, _ in layouts) >= 2)
+            check = spec.extra.get("link_check") or {}
+            fabric = {"kind": f"emulated cluster: network namespaces, links shaped to "
+                              f"{args.cluster} per direction, TCP between nodes",
+                      "link_check": {k: check.get(k) for k in ("gbit_per_s", "latency_us",
+                                                               "used", "reason")}}
+            jobs, failures = _run_layouts(args, layouts, spec)
+        finally:
+            cluster.down(CLUSTER_PREFIX, log=lambda text: None)
+    return _report(args, jobs, failures, fabric, emit)
+
+
+def _run_layouts(args, layouts, spec):
+    """One ``mpirun`` job per layout (on the emulated cluster ``spec`` if given)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "HYDRA_", "MPI"))}
+    if spec is not None:
+        from hpcpax.cluster import mpirun_env
+
+        env = mpirun_env(env)
+        root = os.path.dirname(HERE)
+        env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
     jobs, failures = [], []
     with tempfile.TemporaryDirectory() as scratch:
         for ranks, per_node, servers in layouts:
             out = os.path.join(scratch, f"{ranks}-{per_node}-{servers}.json")
-            command = ["mpirun", "-n", str(ranks), sys.executable, "-m", "mpi4py",
-                       os.path.abspath(__file__), "--job", "--ranks-per-node", str(per_node),
-                       "--servers-per-node", str(servers), "--out", out, "--rounds",
-                       str(args.rounds), "--steps", str(args.steps), "--warmup",
-                       str(args.warmup), "--configs", *args.configs]
-            done = subprocess.run(command, env=env, capture_output=True, text=True,
-                                  timeout=args.timeout)
+            job = [sys.executable, "-m", "mpi4py", os.path.abspath(__file__), "--job",
+                   "--ranks-per-node", str(per_node), "--servers-per-node", str(servers),
+                   "--out", out, "--rounds", str(args.rounds), "--steps", str(args.steps),
+                   "--warmup", str(args.warmup), "--configs", *args.configs]
+            if spec is None:
+                command = ["mpirun", "-n", str(ranks), *job]
+            else:
+                from hpcpax.cluster import mpirun_argv
+
+                command = mpirun_argv(spec, per_node, job, nodes=ranks // per_node)
+            try:
+                done = subprocess.run(command, env=env, capture_output=True, text=True,
+                                      timeout=args.timeout)
+            except subprocess.TimeoutExpired:
+                failures.append({"layout": [ranks, per_node, servers],
+                                 "error": f"did not finish within {args.timeout} s"})
+                continue
             if done.returncode != 0 or not os.path.exists(out):
                 failures.append({"layout": [ranks, per_node, servers],
                                  "error": (done.stderr or done.stdout)[-400:]})
@@ -413,6 +475,13 @@ def main():
                 with open(os.path.join(args.save_jobs, os.path.basename(out)), "w",
                           encoding="utf-8") as handle:
                     json.dump(jobs[-1], handle)
+    return jobs, failures
+
+
+def _report(args, jobs, failures, fabric, emit):
+    """Compare the jobs' measured steps with the predictions; emit the JSON line."""
+    from hpcpax.plan.runlog import RunLog
+
     entries = _summaries(jobs)
     log = RunLog()
     for entry in entries:
@@ -434,7 +503,7 @@ def main():
     analytic, learned, validation = _transfer(entries)
     checks = sum(e["byte_checks"] for e in entries)
     emit({
-        "benchmark": "cost_model_check",
+        "benchmark": "cost_model_check", "fabric": fabric,
         "layouts": [list(j["layout"]) for j in jobs], "failures": failures,
         "configs": args.configs, "rounds": args.rounds, "steps": args.steps,
         "runs": len(entries) * args.rounds,
