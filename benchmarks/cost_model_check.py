@@ -418,11 +418,11 @@ def main():
             emit({"benchmark": "cost_model_check", "cluster": args.cluster,
                   "skipped": f"no emulated cluster here: {reason}"})
             return 0
+        nodes = max(ranks // per_node for ranks, per_node, _ in layouts)
         cluster.down(CLUSTER_PREFIX, log=lambda text: None)
         try:
-            spec = cluster.up(max(r // p for r, p, _ in layouts), rate=args.cluster,
-                              prefix=CLUSTER_PREFIX, subnet=CLUSTER_SUBNET,
-                              check_links=max(r // p for r, p, _ in layouts) >= 2)
+            spec = cluster.up(nodes, rate=args.cluster, prefix=CLUSTER_PREFIX,
+                              subnet=CLUSTER_SUBNET, check_links=nodes >= 2)
             check = spec.extra.get("link_check") or {}
             fabric = {"kind": f"emulated cluster: network namespaces, links shaped to "
                               f"{args.cluster} per direction, TCP between nodes",
