@@ -29,7 +29,9 @@ ending there is decided at once, before the checkpoint.
 
 A change is printed once, written to ``metrics.jsonl`` (``{"step",
 "auto": {from, to, reason, measurements, applies_from}}``), appears on the
-``--trace`` timeline and in ``summary.json`` (``auto``; the seconds each
+``--trace`` timeline (which holds the BSP and the relaxed steps alike, the
+servers' requests of both, and the costs of the switches: ``auto
+decision`` after a BSP segment, ``ssp:S phase start``/``end``) and in ``summary.json`` (``auto``; the seconds each
 worker waited for a decision in ``auto_decision_wait_s``), and the
 policy's state is kept in checkpoints (one written at a BSP segment's last
 step holds the state before that segment's decision, which a resumed run
@@ -134,8 +136,11 @@ class AutoRun:
                             break
                         for hook in t.hooks:
                             hook(t, s)
+                    deciding = time.perf_counter()
                     with t.watchdog.guard(f"auto: decision after step {t._loop['last']}"):
                         self._decide(step, t._loop["last"])
+                    t.runtime.timeline.span("auto decision", deciding, time.perf_counter(),
+                                            {"step": t._loop["last"]}, cat="auto")
                 step = t._loop["last"] + 1
         finally:
             metrics.close()
@@ -189,6 +194,8 @@ class AutoRun:
                        budget=None)
         self.phase_staleness, self.phase_end = self.policy.staleness, end
         self._start_segment(first, end)
+        t.runtime.timeline.span(f"ssp:{self.phase_staleness} phase start", began,
+                                time.perf_counter(), {"step": first}, cat="auto")
         stop = end
         while True:
             with t.watchdog.guard(f"step {clock + 1}"):
@@ -205,11 +212,14 @@ class AutoRun:
                 self.waiting = clock
             for hook in t.hooks:
                 hook(t, clock)
+        ending = time.perf_counter()
         self.relaxed.end()
         with t.watchdog.guard(f"auto: decision after step {clock}"):
             self._settle()
         with t.watchdog.guard(f"auto: ssp segment end at step {clock}"):
             self._segment_barrier(clock, began, metrics)
+        t.runtime.timeline.span(f"ssp:{self.phase_staleness} phase end", ending,
+                                time.perf_counter(), {"step": clock}, cat="auto")
 
     def _start_segment(self, first, end) -> None:
         """A segment begins at step ``first`` (left out of its figures) inside a phase."""

@@ -116,9 +116,11 @@ class RelaxedRun:
         from .timeline import Timeline
 
         config, topo = trainer.config, trainer.topology
+        # under auto the trainer's timeline (RunTime) records the relaxed phases too:
+        # it sets this one to itself, and writes the file with the servers' spans
         tracing = config["trace"] if config["consistency"] != "auto" else None
         self.timeline = Timeline(tracing, topo, comm=topo.comm)  # every rank: servers too
-        if tracing and relaxed.server is not None:
+        if config["trace"] and relaxed.server is not None:
             relaxed.server.events = []
         trainer.commands.handlers["relaxed_trace"] = self._write_trace
 
@@ -174,13 +176,21 @@ class RelaxedRun:
             "dense_period": self._period_record(changes) if self.local else None})
         return t._finish(start_step, max(clocks), seconds, wall_start)
 
+    def server_spans(self) -> None:
+        """A server rank: the requests its relaxed server handled and the pulls it held
+        back, moved onto the timeline (a no-op elsewhere); not collective."""
+        server = self.relaxed.server
+        events = (server.events or []) if server is not None else []
+        for name, start, end, args in events:
+            self.timeline.span(name, start, end, args, cat="wait" if "wait" in name
+                               else "serve")
+        if server is not None and server.events is not None:
+            server.events = []
+
     def _write_trace(self):
         """Merge every rank's trace events (servers' requests included); the path on
         the first worker. **Collective** (run it as a command)."""
-        server = self.relaxed.server
-        for name, start, end, args in (server.events or []) if server is not None else []:
-            self.timeline.span(name, start, end, args, cat="wait" if "wait" in name
-                               else "serve")
+        self.server_spans()
         path = self.timeline.write()
         if path is not None:
             self.trainer.log(f"trace written: {path}", important=True)

@@ -39,6 +39,8 @@ class RunTime:
         self.timeline = Timeline(config["trace"] if tracing else None, topo, comm=topo.comm)
         if self.timeline.enabled and topo.is_server:
             trainer.ps.watchdog = ServedOps(trainer.ps.watchdog, self.timeline)
+        if self.auto is not None:  # auto's relaxed phases go on this timeline too
+            self.auto.relaxed_run.timeline = self.timeline
         trainer.commands.handlers["trace"] = self._write_trace
 
     def after_step(self, step, began, times, local_batch, metrics) -> None:
@@ -88,4 +90,6 @@ class RunTime:
             self.trainer.log(f"trace written: {path}", important=True)
 
     def _write_trace(self):
+        if self.auto is not None:  # a server's requests of auto's relaxed phases
+            self.auto.relaxed_run.server_spans()
         return self.timeline.write()  # every rank: the first worker writes the file

@@ -26,8 +26,11 @@ with the puller's clock and the slowest group's). In BSP runs each server's trac
 operations it served (``serve pull``, ``serve push``, ... : the
 parameter server's loop times each one inside its watchdog guard, which
 :class:`ServedOps` wraps); the gaps between them are the workers' compute.
-Under ``--consistency auto`` only the BSP segments are traced (the decisions
-are instant events).
+Under ``--consistency auto`` both kinds of segment are on one timeline: the
+BSP steps as above, the relaxed phases' steps and the servers' relaxed
+requests as in a relaxed run, the decisions as instant events, and what a
+switch costs as ``auto`` spans (``auto decision`` after a BSP segment,
+``ssp:S phase start`` and ``ssp:S phase end`` around a relaxed phase).
 """
 
 from __future__ import annotations

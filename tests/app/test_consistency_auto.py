@@ -14,6 +14,7 @@ from mpi4py import MPI
 
 from hpcpax.app.auto_channel import LEAD
 from hpcpax.app.checkpoint import latest, read_meta
+from hpcpax.app.timeline import load_trace
 from hpcpax.app.trainer import Trainer
 from hpcpax.plan import adaptive
 from trainer_runs import first_worker as leader_value, run_trainer, shared_dir
@@ -41,7 +42,9 @@ def close(a, b):
 def test_switches_to_ssp0_and_back_keep_bsp_parameters(comm, tmp_path, monkeypatch):
     """Scripted decisions bsp -> ssp:0 -> bsp: ssp:0 gives BSP's updates, and the dense
     replicas and optimizer state go to the servers and back, so the parameters are plain
-    BSP's (float64 round-off); each change is in metrics.jsonl and the checkpoint."""
+    BSP's (float64 round-off); each change is in metrics.jsonl and the checkpoint, and
+    the --trace timeline holds every worker's steps of both kinds of segment, the
+    server's BSP and relaxed requests, the decisions and the switches."""
     script = iter([("ssp", 0), ("bsp", 0), None, None, None])
 
     def scripted(self, step, work, batch, seconds, losses, steps, samples_per_s):
@@ -60,7 +63,8 @@ def test_switches_to_ssp0_and_back_keep_bsp_parameters(comm, tmp_path, monkeypat
     monkeypatch.setattr(adaptive.AutoPolicy, "decide", scripted)
     run_dir = shared_dir(comm, tmp_path, "auto")
     config = {"steps": 15, "auto_segment": 4, "checkpoint_every": 15}
-    auto = run(comm, run_dir=run_dir, consistency="auto", **config)
+    trace = os.path.join(run_dir, "trace.json")
+    auto = run(comm, run_dir=run_dir, consistency="auto", trace=trace, **config)
     plain = run(comm, run_dir=shared_dir(comm, tmp_path, "plain"), **config)
     ok = close(leader_value(comm, auto, auto.parameters),
                leader_value(comm, plain, plain.parameters))
@@ -73,7 +77,26 @@ def test_switches_to_ssp0_and_back_keep_bsp_parameters(comm, tmp_path, monkeypat
         ok = ok and [r["step"] for r in records(run_dir, "loss")] == list(range(1, 16))
         meta = read_meta(latest(run_dir))
         ok = ok and meta["auto"]["mode"] == "bsp" and len(meta["auto"]["history"]) == 2
+        ok = ok and traced_both_kinds(trace, comm.size)
     assert comm.allreduce(bool(ok), op=MPI.LAND)
+
+
+def traced_both_kinds(path, size) -> bool:
+    """The trace of the bsp (1-4) -> ssp:0 -> bsp run (rank 0 serves): the decision
+    taken after step 8 inside the phase applies from step 8 + 0 + LEAD: ssp:0 runs
+    steps 5 to 7 + LEAD."""
+    tracks = load_trace(path)
+    with open(path, encoding="utf-8") as handle:
+        events = json.load(handle)["traceEvents"]
+    workers = range(1, size)
+    steps = {(e["pid"], e["args"]["step"]) for e in events if e["name"] == "compute"}
+    relaxed_pushes = [e for e in events if e["name"] == "serve push"]
+    names = {e["name"] for e in events if e["pid"] in workers}
+    return (steps == {(w, s) for w in workers for s in range(1, 16)}
+            and {"serve push", "serve pull", "serve push_many"} <= tracks[0]
+            and len(relaxed_pushes) == (4 + LEAD - 1) * len(workers)
+            and {"auto: ssp:0", "auto: bsp", "auto decision", "ssp:0 phase start",
+                 "ssp:0 phase end", "barrier", "dense"} <= names)
 
 
 @pytest.mark.mpi(min_size=3)
