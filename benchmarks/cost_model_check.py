@@ -101,7 +101,7 @@ def _plan_for(trainer_names, method):
 
 
 def _calibrate_compute(topo, config):
-    """Data and forward/backward seconds per step, every worker at once."""
+    """Data, forward/backward and dense-optimizer seconds per step, every worker at once."""
     from hpcpax.app.trainer import Trainer
     from hpcpax.plan.calibrate import evict_caches, time_workers
 
@@ -132,7 +132,19 @@ def _calibrate_compute(topo, config):
     data_s = time_workers(topo, data, repeats=15, between=evict_caches)
     compute_s = time_workers(topo, lambda: model.forward_backward(dense, rows, batch, position),
                              repeats=15, between=evict_caches)
-    return data_s, compute_s
+    # the trainer's optimizer phase: one apply_dense per dense tensor, as in a step
+    from hpcpax.ops.optimizers import make_optimizer
+
+    optimizer = make_optimizer(probe.config["optimizer"], lr=probe.config["lr"])
+    states = {name: optimizer.init_state(p.shape, p.dtype, np) for name, p in dense.items()}
+    grads = {name: np.full_like(p, 1e-3) for name, p in dense.items()}
+
+    def apply():
+        for name, param in dense.items():
+            optimizer.apply_dense(param, states[name], grads[name])
+
+    optimizer_s = time_workers(topo, apply, repeats=15, between=evict_caches)
+    return data_s, compute_s, optimizer_s
 
 
 def _aggregation_on(trainer, var):
@@ -217,7 +229,8 @@ def _one_run(comm, config, method, steps, warmup, workdir, calibration, compute,
                             source="calibrated in this job")
         links = Links.from_fabric(calibration["fabric"])
         predictions = [predict_step(layout, links, params, r, dense_bytes, compute_s=compute[1],
-                                    data_s=compute[0]) for r in routings[:3]]
+                                    data_s=compute[0], optimizer_s=compute[2])
+                       for r in routings[:3]]
         best = min(predictions, key=lambda p: abs(p.seconds - np.median(
             [q.seconds for q in predictions])))
         specs = {n: v.spec for n, v in trainer.sync.variables.items()}

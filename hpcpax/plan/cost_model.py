@@ -300,13 +300,18 @@ class CostParams:
         return (float(entry["call_s"]) + float(entry["per_variable_s"]) * variables
                 + float(entry.get("per_row_s", 0.0)) * float(rows))
 
-    def kernel(self, name: str, units):
-        """Seconds of kernel ``name`` on ``units`` (scalar or array; 0 units cost 0)."""
+    def kernel(self, name: str, units, own_call: bool = False):
+        """Seconds of kernel ``name`` on ``units`` (scalar or array; 0 units cost 0).
+
+        With ``software`` measured, a kernel's fixed cost per call is inside the
+        measured overhead of the operation that runs it, so only the per-unit cost
+        counts; ``own_call`` (a kernel called outside any measured operation: the
+        dense optimizer, once per tensor) counts the call too."""
         fallback = {"apply": self.server_apply_Bps,
                     "gather": self.server_gather_Bps or self.server_apply_Bps,
                     "dedup": self.server_apply_Bps}.get(name)
         call, per = self._rate(name, fallback)
-        if self.software:
+        if self.software and not own_call:
             call = 0.0  # inside the measured per-operation overhead
         units = np.asarray(units, np.float64)
         out = np.where(units > 0, call + units * per, 0.0)

@@ -96,7 +96,8 @@ def _predict(record):
     phases = record["measured"].get("phases", {})
     prediction = predict_step(layout, Links.from_fabric(record["fabric"]), CostParams.measured(),
                               routings, dense, compute_s=phases.get("compute", 0.0),
-                              data_s=phases.get("data", 0.0))
+                              data_s=phases.get("data", 0.0),
+                              optimizer_s=phases.get("optimizer"))
     return prediction.to_dict()
 
 

@@ -286,7 +286,8 @@ def _received_rows(r):
 
 def predict_step(layout: Layout, links, params, routings: dict, dense_bytes=(),
                  compute_s: float = 0.0, data_s: float = 0.0, ps_batch: int | None = None,
-                 include_control: bool = True) -> StepPrediction:
+                 include_control: bool = True, optimizer_s: float | None = None
+                 ) -> StepPrediction:
     """Predicted :class:`StepPrediction` of one training step.
 
     Args:
@@ -300,6 +301,11 @@ def predict_step(layout: Layout, links, params, routings: dict, dense_bytes=(),
             that share its headers and count exchanges (their latencies are
             divided among them); None when ``routings`` is the whole step.
         include_control: add the trainer's per-step figures ``Allreduce``.
+        optimizer_s: measured seconds per step of the dense optimizer over the
+            model's dense tensors (like ``compute_s``: the model's own work,
+            the same under every strategy); None: the ``dense_optimizer``
+            kernel rate per tensor, its fixed cost per call included (the
+            optimizer runs once per tensor, outside any measured operation).
     """
     links = coll.Links.from_fabric(links)
     on_ps = [r for r in routings.values() if r.method == "ps"]
@@ -423,8 +429,11 @@ def predict_step(layout: Layout, links, params, routings: dict, dense_bytes=(),
     if hidden > 0:
         pred.phases["dense"] -= hidden
         pred.resources["overlapped with backward"] = -hidden
-    pred.charge("optimizer", "client kernels",
-                sum(params.kernel("dense_optimizer", b) for b in dense_bytes))
+    if optimizer_s is not None:
+        pred.charge("optimizer", "client kernels", optimizer_s)
+    else:
+        pred.charge("optimizer", "client kernels",
+                    sum(params.kernel("dense_optimizer", b, own_call=True) for b in dense_bytes))
     if include_control and len(workers) > 1:
         pred.hand_off("control")
         pred.charge("control", "software", params.overhead(

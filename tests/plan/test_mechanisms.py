@@ -173,3 +173,24 @@ def test_step_model_sums_phases_without_overlap():
     dense = coll.allreduce([0, 0], 4000, LINKS).seconds
     assert pred.seconds == pytest.approx(0.012 + dense + 4000e-9)
     assert pred.bottleneck == "compute"
+
+
+def test_dense_optimizer_pays_its_call_per_tensor_or_the_measured_seconds():
+    """The optimizer runs once per dense tensor outside any measured operation: its
+    fixed cost per call counts even when ``software`` (which holds the other kernels'
+    calls) is measured; a measured ``optimizer_s`` replaces the kernel estimate."""
+    layout = Layout.from_shape(1, 1, 0)
+    kernels = {"dense_optimizer": {"call_s": 1e-5, "unit_s": 1e-9}}
+    software = {"dense_allreduce": {"call_s": 0.0, "per_variable_s": 0.0}}
+    tensors = [4000, 400, 40]
+    for params in (CostParams(kernels=kernels),
+                   CostParams(kernels=kernels, software=software, software_scope="job")):
+        pred = predict_step(layout, LINKS, params, {}, dense_bytes=tensors,
+                            include_control=False)
+        assert pred.phases["optimizer"] == pytest.approx(3 * 1e-5 + 4440e-9)
+    # inside a measured operation a kernel's call is not charged again
+    assert CostParams(kernels=kernels, software=software).kernel("dense_optimizer", 100) \
+        == pytest.approx(100e-9)
+    pred = predict_step(layout, LINKS, CostParams(kernels=kernels), {}, dense_bytes=tensors,
+                        include_control=False, optimizer_s=2e-4)
+    assert pred.phases["optimizer"] == pytest.approx(2e-4)
