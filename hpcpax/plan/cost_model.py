@@ -301,12 +301,9 @@ class CostParams:
                 + float(entry.get("per_row_s", 0.0)) * float(rows))
 
     def kernel(self, name: str, units, own_call: bool = False):
-        """Seconds of kernel ``name`` on ``units`` (scalar or array; 0 units cost 0).
-
-        With ``software`` measured, a kernel's fixed cost per call is inside the
-        measured overhead of the operation that runs it, so only the per-unit cost
-        counts; ``own_call`` (a kernel called outside any measured operation: the
-        dense optimizer, once per tensor) counts the call too."""
+        """Seconds of kernel ``name`` on ``units`` (scalar or array; 0 units cost 0); with
+        ``software`` its call cost is in the measured operation's, unless ``own_call``
+        (called outside any operation: the dense optimizer, once per tensor)."""
         fallback = {"apply": self.server_apply_Bps,
                     "gather": self.server_gather_Bps or self.server_apply_Bps,
                     "dedup": self.server_apply_Bps}.get(name)
