@@ -31,8 +31,9 @@ A change is printed once, written to ``metrics.jsonl`` (``{"step",
 "auto": {from, to, reason, measurements, applies_from}}``), appears on the
 ``--trace`` timeline (which holds the BSP and the relaxed steps alike, the
 servers' requests of both, and the costs of the switches: ``auto
-decision`` after a BSP segment, ``ssp:S phase start``/``end``) and in ``summary.json`` (``auto``; the seconds each
-worker waited for a decision in ``auto_decision_wait_s``), and the
+decision`` after a BSP segment, ``ssp:S phase start``/``end``) and in
+``summary.json`` (``auto``; the seconds each worker waited for a decision
+in ``auto_decision_wait_s``), and the
 policy's state is kept in checkpoints (one written at a BSP segment's last
 step holds the state before that segment's decision, which a resumed run
 makes again after its first segment; one written at a relaxed phase's end

@@ -116,8 +116,8 @@ class RelaxedRun:
         from .timeline import Timeline
 
         config, topo = trainer.config, trainer.topology
-        # under auto the trainer's timeline (RunTime) records the relaxed phases too:
-        # it sets this one to itself, and writes the file with the servers' spans
+        # under auto, RunTime replaces this timeline with its own (one file for both
+        # kinds of segment) and moves the servers' spans onto it before writing
         tracing = config["trace"] if config["consistency"] != "auto" else None
         self.timeline = Timeline(tracing, topo, comm=topo.comm)  # every rank: servers too
         if config["trace"] and relaxed.server is not None:
@@ -180,12 +180,12 @@ class RelaxedRun:
         """A server rank: the requests its relaxed server handled and the pulls it held
         back, moved onto the timeline (a no-op elsewhere); not collective."""
         server = self.relaxed.server
-        events = (server.events or []) if server is not None else []
-        for name, start, end, args in events:
+        if server is None or not server.events:
+            return
+        for name, start, end, args in server.events:
             self.timeline.span(name, start, end, args, cat="wait" if "wait" in name
                                else "serve")
-        if server is not None and server.events is not None:
-            server.events = []
+        server.events = []
 
     def _write_trace(self):
         """Merge every rank's trace events (servers' requests included); the path on
