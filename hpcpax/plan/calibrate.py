@@ -39,6 +39,7 @@ import time
 import numpy as np
 
 from ..comm.polling import idle_barrier
+from .caches import evict_caches, private_cache_bytes
 from .operation_costs import measure_operations, measure_software
 
 __all__ = ["calibrate", "evict_caches", "fit_relative", "private_cache_bytes",
@@ -292,41 +293,6 @@ def time_workers(topology, call, repeats: int = 5, warmup: int = 1,
     idle_barrier(comm)  # the servers wait without spinning (as for the next operation)
     values = [v for v in comm.allgather(mine) if v is not None]
     return float(np.median(values))
-
-
-_EVICT = {}
-
-
-def private_cache_bytes(cpu: int = 0) -> int:
-    """Bytes of the largest cache private to one core (Linux sysfs; 2 MiB if unknown)."""
-    import glob
-    import os
-
-    best = 0
-    for index in glob.glob(f"/sys/devices/system/cpu/cpu{cpu}/cache/index*"):
-        try:
-            with open(os.path.join(index, "shared_cpu_list"), encoding="ascii") as handle:
-                shared = handle.read().strip()
-            with open(os.path.join(index, "size"), encoding="ascii") as handle:
-                size = handle.read().strip()
-        except OSError:
-            continue
-        if "," in shared or "-" in shared:
-            continue  # shared between cores
-        units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-        best = max(best, int(size[:-1]) * units[size[-1]] if size[-1] in units else int(size))
-    return best or (2 << 20)
-
-
-def evict_caches(nbytes: int | None = None) -> None:
-    """Write ``nbytes`` of scratch memory (default 4 x :func:`private_cache_bytes`),
-    pushing other data out of the core's private caches, as a step's pull and push
-    do between two computes. Local."""
-    nbytes = int(nbytes or 4 * private_cache_bytes())
-    buf = _EVICT.get(nbytes)
-    if buf is None:
-        buf = _EVICT[nbytes] = np.zeros(nbytes // 8, np.float64)
-    buf += 1.0
 
 
 def calibrate(topology, fabric_seconds: float = 1.0, dim: int = 64) -> dict:

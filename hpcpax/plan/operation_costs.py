@@ -14,9 +14,10 @@ import time
 
 import numpy as np
 
+from .caches import evict_caches
 from .kernel_rates import median_seconds
 
-__all__ = ["measure_operations", "measure_software", "per_partition"]
+__all__ = ["COLD_OPERATIONS", "measure_operations", "measure_software", "per_partition"]
 
 #: partitions of the table whose extra cost per partition is measured
 PARTITIONS = 16
@@ -39,6 +40,13 @@ AFTER_PUSH = {"after_ps_push": "dense_allreduce",
               "after_allreduce_push": "dense_allreduce_idle"}
 #: the name of an operation's measurement with the servers idle
 IDLE_SUFFIX = "_idle"
+#: operations that follow the worker's own work in a step (a pull after the data, a
+#: push after the forward/backward), which has pushed the operation's code and data
+#: out of the core's caches: each is timed after ``cold`` (default
+#: :func:`~hpcpax.plan.caches.evict_caches`, as for the compute). The others
+#: (a push's next collective, the step's figures) follow a hpcpax operation directly.
+COLD_OPERATIONS = ("ps_pull", "ps_push", "ps_pull_no_aggregation", "ps_push_no_aggregation",
+                   "allgather_push", "allreduce_push", "replica_pull")
 
 
 def _thread_limits():
@@ -140,7 +148,12 @@ def measure_software(counts=(1, 8), repeats: int = 30, dim: int = 16) -> dict:
     return out
 
 
-def measure_operations(topology, counts=(1, 8), repeats: int = 15, dim: int = 16) -> dict:
+def _evict(_name):
+    evict_caches()
+
+
+def measure_operations(topology, counts=(1, 8), repeats: int = 15, dim: int = 16,
+                       cold=_evict) -> dict:
     """hpcpax's fixed seconds per operation on this job's ranks; **collective**.
 
     Like :func:`measure_software`, but each operation runs on ``topology``
@@ -150,7 +163,12 @@ def measure_operations(topology, counts=(1, 8), repeats: int = 15, dim: int = 16
     this job's ranks on this machine's cores (an oversubscribed host makes
     every collective wait for descheduled ranks). The operations run one
     after the other, as in a step, without a barrier between them, so each
-    also holds the hand-off from the one before; the ``k`` values are
+    also holds the hand-off from the one before, and the operations a step
+    runs after the worker's own work (:data:`COLD_OPERATIONS`) run after
+    ``cold(name)``, untimed (None: warm), with the caches cold as in a step
+    (2 ranks on 2 cores: an allgather push's fixed cost 0.29-0.34 ms warm,
+    0.44-0.47 ms cold; with warm costs cost_model_check predicted 0.81-0.88
+    of the median case's measured step); the ``k`` values are
     interleaved, so both see the same load; each worker keeps its median,
     and the mean over workers is kept (the trainer reports phase times as
     means over workers). Fitted per operation to ``call_s + per_variable_s * k
@@ -286,6 +304,8 @@ def measure_operations(topology, counts=(1, 8), repeats: int = 15, dim: int = 16
                         setup()
                     if (name, k) not in calls:
                         continue
+                    if cold is not None and name in COLD_OPERATIONS:
+                        cold(name)
                     start = time.perf_counter()
                     calls[(name, k)]()
                     if repeat:

@@ -56,3 +56,28 @@ def test_after_work_factor_is_measured_for_serving_and_idle_servers(comm):
     if comm.Get_size() > cores >= comm.Get_size() - 1:
         ok = ok and factors["serving"] > factors["idle"]
     assert comm.allreduce(ok and same, op=MPI.LAND)
+
+
+@pytest.mark.mpi(min_size=3)
+@pytest.mark.timeout(180)
+def test_operations_after_a_workers_own_work_are_timed_cold(comm):
+    """``cold`` runs on the workers before each timed call (and the warm-up) of the
+    operations a step runs after the worker's own work, and before no other: a
+    push's next collective must follow the push directly."""
+    from hpcpax.plan.operation_costs import COLD_OPERATIONS
+
+    calls = []
+    repeats = 2
+    topo = hpcpax.init(None, 1, comm=comm)
+    try:
+        measure_operations(topo, counts=(1, 3), repeats=repeats, cold=calls.append)
+        worker = topo.is_worker
+    finally:
+        topo.free()
+    # each operation runs for every k of counts and, where its cost grows with the rows,
+    # once with many rows (allreduce_push has no such form)
+    variants = {name: 2 if name == "allreduce_push" else 3 for name in COLD_OPERATIONS}
+    want = {name: (repeats + 1) * n for name, n in variants.items()} if worker else {}
+    got = {name: calls.count(name) for name in set(calls)}
+    ok = got == want
+    assert comm.allreduce(ok, op=MPI.LAND), (got, want)
