@@ -5,9 +5,9 @@ each model, the job first measures the model's constants under the same
 load as the runs that follow (:func:`hpcpax.plan.calibrate.calibrate`:
 fabric, ``Allreduce`` on reused and fresh buffers, kernel rates with every
 rank busy, hand-off, and hpcpax's fixed cost per operation and per
-partition on the job's own ranks; the model's compute and data per step
-with every worker computing at once, caches evicted before each call, as
-in a step). Then it trains each model (``lm``, ``ctr``) at two sparsity
+partition on the job's own ranks; the model's own work per step, data,
+forward/backward and dense optimizer, from a short trial run of the
+trainer: :func:`_trial_phases`). Then it trains each model (``lm``, ``ctr``) at two sparsity
 levels with each method (``ps`` with and without local aggregation, ``ps``
 with 16 partitions, ``allgather``, ``dense``), interleaved over
 ``--rounds`` rounds (the methods' order rotates from round to round), and
@@ -100,51 +100,36 @@ def _plan_for(trainer_names, method):
     return {name: {"method": "ps", "partitions": method["partitions"]} for name in trainer_names}
 
 
-def _calibrate_compute(topo, config):
-    """Data, forward/backward and dense-optimizer seconds per step, every worker at once."""
+#: the plan of the trial run whose phases give the model's own work per step
+TRIAL_PLAN = "allgather"
+
+
+def _trial_phases(comm, config, steps, warmup, workdir):
+    """Data, forward/backward and dense-optimizer seconds per step, from a short run.
+
+    **Collective.** Parallax's way: the model's own work is measured in real
+    steps of the trainer (``TRIAL_PLAN``, whose pull is a local read and whose
+    servers idle), with the caches and the allocator as a step leaves them,
+    not predicted. Timed apart (every worker at once, caches evicted before
+    each call), the same calls took 0.06-0.09 ms of data and 0.34-0.45 ms of
+    compute where the steps took 0.18-0.19 and 0.44-0.46 ms (lm, 3 ranks).
+    Medians over the timed steps (each step's phase a mean over workers, as
+    the runs' own figures are).
+    """
     from hpcpax.app.trainer import Trainer
-    from hpcpax.plan.calibrate import evict_caches, time_workers
 
-    from hpcpax.app.datasets import build_model, open_data
-
-    probe = Trainer({**config, "quiet": True})  # resolves the config
-    model = build_model(probe.config)
-    reader = open_data(model, probe.config)[0]
-    dense = model.init_dense()
-    rng = np.random.default_rng(0)
-    n, index = topo.num_workers, max(0, topo.worker_index)
-    specs = {s.name: s for s in model.sparse_specs()}
-    state = {"position": 0}
-
-    def data():
-        state["position"] += 1
-        batch = reader.batch(state["position"], config["global_batch"], index, n)
-        return batch, model.sparse_ids(batch, state["position"])
-
-    batch, ids = data()
-    position = state["position"]
-    rows = {}
-    for name, values in ids.items():
-        unique = np.unique(values)
-        rows[name] = (unique, rng.standard_normal((unique.size, specs[name].dim)).astype(
-            np.float32) * 0.01)
-    # cache-cold, as in a step (its pull and push move other data between two computes)
-    data_s = time_workers(topo, data, repeats=15, between=evict_caches)
-    compute_s = time_workers(topo, lambda: model.forward_backward(dense, rows, batch, position),
-                             repeats=15, between=evict_caches)
-    # the trainer's optimizer phase: one apply_dense per dense tensor, as in a step
-    from hpcpax.ops.optimizers import make_optimizer
-
-    optimizer = make_optimizer(probe.config["optimizer"], lr=probe.config["lr"])
-    states = {name: optimizer.init_state(p.shape, p.dtype, np) for name, p in dense.items()}
-    grads = {name: np.full_like(p, 1e-3) for name, p in dense.items()}
-
-    def apply():
-        for name, param in dense.items():
-            optimizer.apply_dense(param, states[name], grads[name])
-
-    optimizer_s = time_workers(topo, apply, repeats=15, between=evict_caches)
-    return data_s, compute_s, optimizer_s
+    run_dir = comm.bcast(tempfile.mkdtemp(dir=workdir) if comm.Get_rank() == 0 else None)
+    trainer = Trainer({**config, "plan": TRIAL_PLAN, "steps": steps, "run_dir": run_dir,
+                       "quiet": True}, comm=comm)
+    trainer.run()
+    leader = trainer.topology.worker_ranks[0]
+    phases = None
+    if comm.Get_rank() == leader:
+        rows = [json.loads(line) for line in open(os.path.join(run_dir, "metrics.jsonl"))]
+        rows = [r for r in rows if "loss" in r and r["step"] > warmup]
+        phases = tuple(float(np.median([r["time"][p] for r in rows]))
+                       for p in ("data", "compute", "optimizer"))
+    return comm.bcast(phases, root=leader)
 
 
 def _aggregation_on(trainer, var):
@@ -284,9 +269,9 @@ def job_main(args):
                 base = {**config, "ranks_per_node": ranks_per_node, "servers_per_node": servers}
                 topo = hpcpax.init(ranks_per_node, servers)
                 calibration = calibrate(topo, fabric_seconds=1.0)
-                compute = _calibrate_compute(topo, base)
                 several_per_node = topo.num_workers > topo.num_nodes
                 topo.free()
+                compute = _trial_phases(comm, base, args.steps, args.warmup, workdir)
                 calibrations.append({**calibration, "compute": compute, "config": name,
                                      "round": round_index})
                 methods = [(k, v) for k, v in METHODS.items()

@@ -31,6 +31,8 @@ def test_cost_model_job_on_shaped_links_measures_the_link_and_predicts_the_bytes
     # a 2 Gbit/s veth against one host's shared memory
     assert fabric["inter"]["bandwidth_Bps"] < fabric["intra"]["bandwidth_Bps"] / 2, fabric
     assert fabric["inter"]["bandwidth_Bps"] < 2e9 / 8 * 1.2, fabric
+    # the model's own work per step (data, compute, optimizer) from the trial run's steps
+    assert all(seconds > 0 for seconds in job["calibrations"][0]["compute"]), job["calibrations"]
     methods = {run["method"] for run in job["runs"]}
     assert {"ps", "ps-no-aggregation", "ps-16-partitions", "allgather", "allreduce"} <= methods
     for run in job["runs"]:
