@@ -112,24 +112,34 @@ def _trial_phases(comm, config, steps, warmup, workdir):
     servers idle), with the caches and the allocator as a step leaves them,
     not predicted. Timed apart (every worker at once, caches evicted before
     each call), the same calls took 0.06-0.09 ms of data and 0.34-0.45 ms of
-    compute where the steps took 0.18-0.19 and 0.44-0.46 ms (lm, 3 ranks).
+    compute where the steps took 0.18-0.19 and 0.44-0.46 ms (lm-sparse, 3 ranks
+    with 1 server, ps).
     Medians over the timed steps (each step's phase a mean over workers, as
     the runs' own figures are).
     """
-    from hpcpax.app.trainer import Trainer
-
-    run_dir = comm.bcast(tempfile.mkdtemp(dir=workdir) if comm.Get_rank() == 0 else None)
-    trainer = Trainer({**config, "plan": TRIAL_PLAN, "steps": steps, "run_dir": run_dir,
-                       "quiet": True}, comm=comm)
-    trainer.run()
-    leader = trainer.topology.worker_ranks[0]
+    _, leader, rows = _train(comm, {**config, "plan": TRIAL_PLAN}, steps, warmup, workdir)
     phases = None
-    if comm.Get_rank() == leader:
-        rows = [json.loads(line) for line in open(os.path.join(run_dir, "metrics.jsonl"))]
-        rows = [r for r in rows if "loss" in r and r["step"] > warmup]
+    if rows is not None:
         phases = tuple(float(np.median([r["time"][p] for r in rows]))
                        for p in ("data", "compute", "optimizer"))
     return comm.bcast(phases, root=leader)
+
+
+def _train(comm, settings, steps, warmup, workdir, plan=None):
+    """``(trainer, leader, timed metrics lines)``: one run of ``steps`` (**collective**);
+    the lines after ``warmup``, on the first worker (``leader``) only, else None."""
+    from hpcpax.app.trainer import Trainer
+
+    run_dir = comm.bcast(tempfile.mkdtemp(dir=workdir) if comm.Get_rank() == 0 else None)
+    trainer = Trainer({**settings, "steps": steps, "run_dir": run_dir, "quiet": True},
+                      comm=comm, plan=plan)
+    trainer.run()
+    leader = trainer.topology.worker_ranks[0]
+    rows = None
+    if comm.Get_rank() == leader:
+        rows = [json.loads(line) for line in open(os.path.join(run_dir, "metrics.jsonl"))]
+        rows = [r for r in rows if "loss" in r and r["step"] > warmup]
+    return trainer, leader, rows
 
 
 def _aggregation_on(trainer, var):
@@ -174,20 +184,15 @@ def _one_run(comm, config, method, steps, warmup, workdir, calibration, compute,
     from hpcpax.plan.step_model import predict_step
     from hpcpax.plan.traffic import step_bytes
 
-    run_dir = comm.bcast(tempfile.mkdtemp(dir=workdir) if comm.Get_rank() == 0 else None)
-    names = None
-    settings = {**config, **{k: v for k, v in method.items() if k != "partitions"},
-                "steps": steps, "run_dir": run_dir, "quiet": True}
+    settings = {**config, **{k: v for k, v in method.items() if k != "partitions"}}
     from hpcpax.app.datasets import build_model
 
-    names = [s.name for s in build_model(Trainer(settings).config).sparse_specs()]
-    trainer = Trainer(settings, comm=comm, plan=_plan_for(names, method))
-    trainer.run()
-    leader = trainer.topology.worker_ranks[0]
+    names = [s.name for s in build_model(Trainer({**settings, "quiet": True}).config)
+             .sparse_specs()]
+    trainer, leader, rows = _train(comm, settings, steps, warmup, workdir,
+                                   plan=_plan_for(names, method))
     result = None
-    if comm.Get_rank() == leader:
-        rows = [json.loads(line) for line in open(os.path.join(run_dir, "metrics.jsonl"))]
-        rows = [r for r in rows if "loss" in r and r["step"] > warmup]
+    if rows is not None:
         timed = [r["step"] for r in rows]
         layout, routings = _replay(trainer, timed)
         dense_bytes = [int(p.nbytes) for p in trainer.dense.values()]
