@@ -43,7 +43,7 @@ IDLE_SUFFIX = "_idle"
 #: operations that follow the worker's own work in a step (a pull after the data, a
 #: push after the forward/backward), which has pushed the operation's code and data
 #: out of the core's caches: each is timed after ``cold`` (default
-#: :func:`~hpcpax.plan.caches.evict_caches`, as for the compute). The others
+#: :func:`~hpcpax.plan.caches.evict_caches`). The others
 #: (a push's next collective, the step's figures) follow a hpcpax operation directly.
 COLD_OPERATIONS = ("ps_pull", "ps_push", "ps_pull_no_aggregation", "ps_push_no_aggregation",
                    "allgather_push", "allreduce_push", "replica_pull")
