@@ -5,8 +5,7 @@ compute moves other data between a pull and a push: a call timed back to
 back with itself finds its code and data in the core's caches, which a step
 does not. :func:`evict_caches` (untimed, before each timed call) writes
 scratch memory to push them out: :mod:`hpcpax.plan.operation_costs` runs it
-before the operations that follow the worker's own work, and
-:func:`hpcpax.plan.calibrate.time_workers` takes it as ``between``.
+before the operations that follow the worker's own work.
 """
 
 from __future__ import annotations

@@ -26,10 +26,10 @@ the facts the model needs, each measured here and now:
   (:func:`measure_after_work`: with more busy ranks than cores the workers
   take turns, and the collective waits for the turns).
 
-:func:`time_workers` times a callable on every worker at once while the
-servers wait in a collective, as they do during training (MPICH's waiting
-ranks poll, so they compete for the cores): that is how a model's compute
-time per step is measured under the same oversubscription as the run.
+The model's own work per step (data, compute, optimizer) is not timed
+here: it comes from real steps of the trainer (a run record's phases,
+``benchmarks/cost_model_check.py``'s trial run), where the caches and the
+allocator are as a step leaves them.
 """
 
 from __future__ import annotations
@@ -39,12 +39,10 @@ import time
 import numpy as np
 
 from ..comm.polling import idle_barrier
-from .caches import evict_caches, private_cache_bytes
 from .operation_costs import measure_operations, measure_software
 
-__all__ = ["calibrate", "evict_caches", "fit_relative", "private_cache_bytes",
-           "measure_after_work", "measure_allreduce", "measure_handoff", "measure_operations",
-           "measure_software", "time_workers"]
+__all__ = ["calibrate", "fit_relative", "measure_after_work", "measure_allreduce",
+           "measure_handoff", "measure_operations", "measure_software"]
 
 #: Stage lengths (seconds of local work) at which the hand-off cost is timed.
 HANDOFF_WORK_S = (0.0, 300e-6, 1500e-6)
@@ -264,35 +262,6 @@ def measure_after_work(topology, work_s=HANDOFF_WORK_S, repeats: int = 60) -> di
         server_wait(comm.Iallgather([mine, MPI.INT64_T], [everyone, MPI.INT64_T]), cap)
         out[mode] = comm.bcast(factor, root=topology.worker_ranks[0])
     return out
-
-
-def time_workers(topology, call, repeats: int = 5, warmup: int = 1,
-                 between=None) -> float:
-    """Median seconds of ``call()`` on the workers, all at once; **collective**.
-
-    Servers wait in a barrier meanwhile, without spinning
-    (:func:`~hpcpax.comm.polling.idle_barrier`). ``between()``, when given, runs
-    before each timed call, untimed (e.g. :func:`evict_caches`: in a step
-    the pull and push move other data between two computes). Every rank
-    returns the median over workers of each worker's median.
-    """
-    comm = topology.comm
-    mine = None
-    if topology.is_worker:
-        for _ in range(warmup):
-            call()
-        topology.workers.Barrier()
-        times = []
-        for _ in range(repeats):
-            if between is not None:
-                between()
-            start = time.perf_counter()
-            call()
-            times.append(time.perf_counter() - start)
-        mine = float(np.median(times))
-    idle_barrier(comm)  # the servers wait without spinning (as for the next operation)
-    values = [v for v in comm.allgather(mine) if v is not None]
-    return float(np.median(values))
 
 
 def calibrate(topology, fabric_seconds: float = 1.0, dim: int = 64) -> dict:

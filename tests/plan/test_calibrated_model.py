@@ -312,21 +312,16 @@ def test_densified_push_kernels_touch_rows_not_the_table():
     assert pred.resources["client kernels"] < rows * row_bytes * 1e-9 / 10
 
 
-def test_compute_is_timed_cache_cold():
-    """``time_workers`` runs ``between`` (untimed) before every timed call."""
-    from types import SimpleNamespace
+def test_evict_caches_writes_a_scratch_buffer_larger_than_a_private_cache():
+    """The default eviction writes 4 x the core's private cache, every byte each call."""
+    from hpcpax.plan import caches
 
-    from mpi4py import MPI
-
-    from hpcpax.plan.calibrate import evict_caches, private_cache_bytes, time_workers
-
-    order = []
-    topo = SimpleNamespace(comm=MPI.COMM_SELF, workers=MPI.COMM_SELF, is_worker=True)
-    seconds = time_workers(topo, lambda: order.append("call"), repeats=3, warmup=1,
-                           between=lambda: order.append("evict"))
-    assert order == ["call"] + ["evict", "call"] * 3 and seconds >= 0.0
-    assert private_cache_bytes() >= 1 << 15
-    evict_caches(1 << 16)  # runs
+    private = caches.private_cache_bytes()
+    assert private >= 1 << 15
+    caches.evict_caches()
+    caches.evict_caches()
+    scratch = caches._EVICT[4 * private]
+    assert scratch.nbytes == 4 * private and bool(np.all(scratch == 2.0))
 
 
 def test_job_scope_operations_hold_the_per_operation_handoff():
