@@ -26,7 +26,11 @@ compares:
   whose measured rounds do not overlap (an order the measurement settles),
   the fraction the model orders the same way (a tied prediction counts a
   half), with their number (``resolved_pairs``) and the pairs the
-  measurement leaves open (``unresolved_pairs``).
+  measurement leaves open (``unresolved_pairs``);
+* ``kernel_rates_only``: the same three figures for the constants ``--plan
+  auto`` has with ``--no-plan-calibrate`` (kernel rates timed on one rank,
+  the fabric's links alone, no per-operation costs), predicted for the same
+  runs: what calibrating in the job (the trainer's default) buys.
 
 Every run is appended to the run log (source ``cost_model_check``), and the
 learned correction is checked for transfer: fitted on the ``lm`` runs of
@@ -180,6 +184,8 @@ def _replay(trainer, steps):
 def _one_run(comm, config, method, steps, warmup, workdir, calibration, compute, check_bytes):
     from hpcpax.app.trainer import Trainer
     from hpcpax.plan.collectives import Links
+    from hpcpax.comm.fabric import Fabric
+    from hpcpax.plan.calibrate import cost_params
     from hpcpax.plan.cost_model import CostParams
     from hpcpax.plan.step_model import predict_step
     from hpcpax.plan.traffic import step_bytes
@@ -210,19 +216,19 @@ def _one_run(comm, config, method, steps, warmup, workdir, calibration, compute,
                             want[ROW_FIELDS[field]][workers].sum()))
                         if value != int(got.get(field, 0)):
                             mismatches += 1
-        params = CostParams(kernels=calibration["kernels"], handoff=calibration["handoff"],
-                            software=calibration["software"],
-                            software_scope=calibration.get("software_scope", "process"),
-                            partition_overhead_s=calibration.get("partition_overhead_s", 0.0),
-                            partition_overhead_per=calibration.get("partition_overhead_per",
-                                                                   "variable"),
-                            source="calibrated in this job")
+        params = cost_params(calibration)
         links = Links.from_fabric(calibration["fabric"])
         predictions = [predict_step(layout, links, params, r, dense_bytes, compute_s=compute[1],
                                     data_s=compute[0], optimizer_s=compute[2])
                        for r in routings[:3]]
         best = min(predictions, key=lambda p: abs(p.seconds - np.median(
             [q.seconds for q in predictions])))
+        # the constants `--plan auto` had before it calibrated (--no-plan-calibrate):
+        # kernel rates timed on one rank, the fabric's links alone
+        plain = [predict_step(layout, Links.from_fabric(Fabric.from_dict(calibration["fabric"])),
+                              CostParams.measured(), r, dense_bytes, compute_s=compute[1],
+                              data_s=compute[0], optimizer_s=compute[2]).seconds
+                 for r in routings[:3]]
         specs = {n: v.spec for n, v in trainer.sync.variables.items()}
         strategy = {n: {"method": trainer.sync[n].method,
                         "partitions": trainer.sync[n].partitions,
@@ -242,6 +248,7 @@ def _one_run(comm, config, method, steps, warmup, workdir, calibration, compute,
             "measured_phases": {p: float(np.median([r["time"][p] for r in rows]))
                                 for p in rows[0]["time"]},
             "predicted": best.to_dict(), "byte_mismatches": mismatches,
+            "predicted_kernel_rates_s": float(np.median(plain)),
             "byte_checks": len(rows) * 3 if check_bytes else 0,
             "record": {"model": {"name": config["model"], "variables": variables},
                        "layout": {**trainer.topology.describe(),
@@ -344,6 +351,8 @@ def _summaries(layout_results):
                         "measured_range": (float(min(measured)), float(max(measured))),
                         "spread": float((max(measured) - min(measured)) / np.median(measured)),
                         "predicted_s": float(np.median([r["predicted"]["seconds"] for r in runs])),
+                        "predicted_kernel_rates_s": float(np.median(
+                            [r.get("predicted_kernel_rates_s", np.nan) for r in runs])),
                         "bottleneck": runs[0]["predicted"]["bottleneck"],
                         "byte_mismatches": sum(r["byte_mismatches"] for r in runs),
                         "byte_checks": sum(r["byte_checks"] for r in runs),
@@ -352,6 +361,29 @@ def _summaries(layout_results):
                                                 "phases": runs[0]["measured_phases"]},
                                    "predicted": runs[0]["predicted"]}})
     return out
+
+
+def _groups(entries):
+    """The entries of each (layout, model) with >= 2 methods: the strategies compared."""
+    groups = {}
+    for e in entries:
+        groups.setdefault((tuple(e["layout"]), e["config"]), []).append(e)
+    return [members for members in groups.values() if len(members) >= 2]
+
+
+def _agreement(entries, key):
+    """``(relative errors, Spearman per group, pick within 10 % per group)`` of the
+    predictions under ``key`` against the measured step times (NaN predictions left out)."""
+    entries = [e for e in entries if np.isfinite(e.get(key, np.nan))]
+    errors = np.array([abs(e[key] - e["measured_s"]) / e["measured_s"] for e in entries])
+    spearman, within = [], []
+    for members in _groups(entries):
+        measured = [m["measured_s"] for m in members]
+        predicted = [m[key] for m in members]
+        spearman.append(_spearman(predicted, measured))
+        pick = members[int(np.argmin(predicted))]["measured_s"]
+        within.append(pick <= 1.10 * min(measured))
+    return errors, spearman, within
 
 
 def _transfer(entries):
@@ -489,20 +521,11 @@ def _report(args, jobs, failures, fabric, emit):
     log = RunLog()
     for entry in entries:
         log.append(entry["record"], source="cost_model_check")
-    errors = np.array([abs(e["predicted_s"] - e["measured_s"]) / e["measured_s"] for e in entries])
-    groups = {}
-    for e in entries:
-        groups.setdefault((tuple(e["layout"]), e["config"]), []).append(e)
-    spearman, within, pairs = [], [], np.zeros(3)
-    for members in groups.values():
-        if len(members) < 2:
-            continue
+    errors, spearman, within = _agreement(entries, "predicted_s")
+    pairs = np.zeros(3)
+    for members in _groups(entries):
         pairs += _resolved_pairs(members)
-        measured = [m["measured_s"] for m in members]
-        predicted = [m["predicted_s"] for m in members]
-        spearman.append(_spearman(predicted, measured))
-        pick = members[int(np.argmin(predicted))]["measured_s"]
-        within.append(pick <= 1.10 * min(measured))
+    plain = _agreement(entries, "predicted_kernel_rates_s")
     analytic, learned, validation = _transfer(entries)
     checks = sum(e["byte_checks"] for e in entries)
     emit({
@@ -517,6 +540,10 @@ def _report(args, jobs, failures, fabric, emit):
         "spearman_min": min(spearman) if spearman else None,
         "spearman_median": float(np.median(spearman)) if spearman else None,
         "choice_within_10pct": float(np.mean(within)) if within else None,
+        "kernel_rates_only": {  # the constants of --no-plan-calibrate, the same runs
+            "time_median_abs_error": float(np.median(plain[0])) if len(plain[0]) else None,
+            "spearman_min": min(plain[1]) if plain[1] else None,
+            "choice_within_10pct": float(np.mean(plain[2])) if plain[2] else None},
         "resolved_pairs_ordered": float(pairs[0] / pairs[1]) if pairs[1] else None,
         "resolved_pairs": int(pairs[1]), "unresolved_pairs": int(pairs[2]),
         "transfer_error_analytic": analytic, "transfer_error_learned": learned,

@@ -94,6 +94,9 @@ FLAGS = (
          "cost model)", minimum=0),
     Flag("plan_steps", "int", 5, "auto/hybrid: steps measured before the plan is made",
          minimum=1),
+    Flag("plan_calibrate", "bool", True, "auto: time the cost model's constants on this job "
+         "at start-up (kernel rates on every rank, each operation's fixed cost, the hand-offs, "
+         "the fabric; a few seconds) instead of kernel rates on one rank"),
     Flag("fabric_seconds", "float", 0.5, "auto/hybrid: time budget of the start-up fabric "
          "measurement", minimum=0.01),
     Flag("partition_search", "bool", False, "auto/hybrid: Parallax's partition search on live "

@@ -79,6 +79,9 @@ class ModelSync:
         replan_every: re-measure and re-plan every N pushes (0: never).
         replan_threshold: predicted gain needed to switch when re-planning.
         fabric_seconds: budget of the start-up fabric measurement (auto/hybrid).
+        plan_calibrate: ``auto`` times the cost model's constants on this job
+            at set-up (a few seconds; the servers serve its operations), as
+            the trainer does; False: kernel rates timed on one rank.
         run_dir: where ``plan.json`` is written (None: nowhere).
         quiet: no plan table printed.
         timeout: watchdog seconds (None: ``HPCPAX_TIMEOUT``; 0: off).
@@ -91,7 +94,7 @@ class ModelSync:
     def __init__(self, tables, dense=None, *, plan="auto", initial=None, topology=None,
                  local_aggregation=True, seed=0, dense_op="mean", bucket_bytes=None,
                  plan_steps=10, replan_every=0, replan_threshold=0.1, fabric_seconds=1.0,
-                 run_dir=None, quiet=False, timeout=None):
+                 plan_calibrate=True, run_dir=None, quiet=False, timeout=None):
         from ..comm.agreement import check_same
         from ..comm.fusion import parse_tensors
         from ..comm.topology import init
@@ -123,7 +126,8 @@ class ModelSync:
             self.config = {"plan_steps": plan_steps, "partition_search": False,
                            "replan_every": int(replan_every), "steps": 1 << 62,
                            "replan_threshold": float(replan_threshold),
-                           "fabric_seconds": float(fabric_seconds)}
+                           "fabric_seconds": float(fabric_seconds),
+                           "plan_calibrate": bool(plan_calibrate)}
             self.run_dir, self.quiet = run_dir, bool(quiet)
             self.is_leader = topo.is_worker and topo.worker_index == 0
             self.stopped = False

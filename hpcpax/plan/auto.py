@@ -107,11 +107,13 @@ def make_plan(variables, mode: str, topology, fabric, partitions=None,
 
     slots = {v["name"]: int(v.get("row_slots") or 0) for v in variables if isinstance(v, Mapping)}
     decisions = []  # (spec, method, local_aggregation, parts, predicted, reason)
+    alone = {}  # auto: each variable's {method: seconds} priced alone
     for spec in specs:
         parts = _partitions_for(spec.name, partitions, default_partitions)
         if mode == "auto":
             method, times, reason = choose(spec, shape, fabric, partitions=parts, params=params,
                                            correction=correction)
+            alone[spec.name] = times
             if method != "ps" and spec.kind == "sparse" and not replicable(
                     spec.rows, spec.dim * spec.itemsize, slots.get(spec.name, 0)):
                 method, reason = "ps", "whole table above HPCPAX_REPLICA_MEMORY: ps only"
@@ -129,6 +131,10 @@ def make_plan(variables, mode: str, topology, fabric, partitions=None,
             key = "ps_no_local_aggregation" if method == "ps" and not local else method
             predicted = predict(spec, key, shape, fabric, partitions=parts, params=params)
         decisions.append((spec, method, local, parts if method == "ps" else 1, predicted, reason))
+    joint = None
+    if mode == "auto" and params.software and any(s.kind == "sparse" for s in specs):
+        decisions, joint = _whole_step(decisions, alone, specs, shape, fabric, params,
+                                       partitions, default_partitions, correction, slots)
 
     sizes, slices = [], []
     for spec, method, _, parts, _, _ in decisions:
@@ -155,9 +161,45 @@ def make_plan(variables, mode: str, topology, fabric, partitions=None,
         "params": params.source or "given"}}
     if correction is not None:
         search_info["cost_model"]["correction"] = correction.to_dict()
+    if joint is not None:
+        search_info["cost_model"]["whole_step"] = {
+            "step_s": joint["step_s"], "per_variable_choices_step_s": joint["start_s"]}
     search_info.update(search or {})
     return Plan(variables=plan_vars, fabric=fabric_dict, measurements=measured,
                 topology=shape.to_dict(), search=search_info)
+
+
+def _whole_step(decisions, alone, specs, shape, fabric, params, partitions, default_partitions,
+                correction, slots):
+    """``auto`` with per-operation costs: the sparse methods chosen together
+    (:func:`~hpcpax.plan.joint_choice.choose_jointly`), each variable's line saying
+    what its method saves on the whole step. Returns ``(decisions, joint)``."""
+    from .joint_choice import METHODS, choose_jointly
+
+    several_per_node = shape.workers_per_node > 1
+    parts = {s.name: _partitions_for(s.name, partitions, default_partitions) for s in specs}
+    allowed = {s.name: METHODS if replicable(s.rows, s.dim * s.itemsize, slots.get(s.name, 0))
+               else ("ps",) for s in specs if s.kind == "sparse"}
+    start = {d[0].name: d[1] for d in decisions if d[0].kind == "sparse"}
+    joint = choose_jointly(specs, start, shape, fabric, params, partitions=parts,
+                           correction=correction, allowed=allowed)
+    out = []
+    for spec, method, local, part, predicted, reason in decisions:
+        if spec.kind == "sparse":
+            method = joint["methods"][spec.name]
+            local = method == "ps" and several_per_node
+            part = parts[spec.name] if method == "ps" else 1
+            key = "ps_no_local_aggregation" if method == "ps" and not local else method
+            predicted = alone[spec.name].get(key, alone[spec.name][method])
+            times = joint["alternatives"].get(spec.name, {})
+            others = {m: t - joint["step_s"] for m, t in times.items() if m != method}
+            reason = (f"whole step {1e3 * joint['step_s']:.3f} ms predicted"
+                      + "".join(f"; {m} +{1e3 * d:.3f} ms" for m, d in sorted(
+                          others.items(), key=lambda item: item[1]))
+                      + (" (replicas would not fit: ps only)" if allowed[spec.name] == ("ps",)
+                         else ""))
+        out.append((spec, method, local, part, predicted, reason))
+    return out, joint
 
 
 def should_switch(current_method: str, times: Mapping, threshold: float = 0.1) -> bool:

@@ -41,7 +41,7 @@ import numpy as np
 from ..comm.polling import idle_barrier
 from .operation_costs import measure_operations, measure_software
 
-__all__ = ["calibrate", "fit_relative", "measure_after_work", "measure_allreduce",
+__all__ = ["calibrate", "cost_params", "fit_relative", "measure_after_work", "measure_allreduce",
            "measure_handoff", "measure_operations", "measure_software"]
 
 #: Stage lengths (seconds of local work) at which the hand-off cost is timed.
@@ -305,3 +305,18 @@ def calibrate(topology, fabric_seconds: float = 1.0, dim: int = 64) -> dict:
             "software_scope": "job", "partition_overhead_s": per_partition,
             "partition_overhead_per": "exchange",
             "one_host": bool(one_host)}
+
+
+def cost_params(calibration, source: str = "calibrated in this job"):
+    """The :class:`~hpcpax.plan.cost_model.CostParams` of a :func:`calibrate` result
+    (its ``fabric`` goes to the model as the links: pass ``calibration["fabric"]``
+    where a fabric is asked for). Pure."""
+    from .cost_model import CostParams
+
+    return CostParams(kernels=calibration["kernels"], handoff=calibration["handoff"],
+                      software=calibration["software"],
+                      software_scope=calibration.get("software_scope", "process"),
+                      partition_overhead_s=calibration.get("partition_overhead_s", 0.0),
+                      partition_overhead_per=calibration.get("partition_overhead_per",
+                                                             "variable"),
+                      source=source)

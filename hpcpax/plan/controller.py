@@ -53,6 +53,10 @@ class PlanController:
         self.mode = mode if mode in MEASURED_MODES else None
         self.label = mode if self.mode else (label or "fixed")
         self.fabric = None
+        #: The fabric the cost model is given (a calibration's dict holds more).
+        self.model_fabric = None
+        #: The cost model's constants (None: kernel rates timed on the deciding rank).
+        self.params = None
         #: The last plan this controller made (None for fixed plans).
         self.plan = None
         self.search = {}
@@ -63,13 +67,31 @@ class PlanController:
 
     # ------------------------------------------------------------ start-up
     def measure_fabric(self) -> None:
-        """Alpha-beta fabric measurement; **collective** over every rank."""
+        """Alpha-beta fabric measurement; **collective** over every rank.
+
+        Under ``auto`` with the config's ``plan_calibrate`` (the trainer's
+        default) the cost model's constants are timed on this job instead
+        (:func:`~hpcpax.plan.calibrate.calibrate`, the fabric included; a
+        few seconds): what ``benchmarks/cost_model_check.py`` validates is
+        then what plans. Without it the model has the kernel rates timed on
+        the first worker alone (:meth:`~hpcpax.plan.cost_model.CostParams.measured`).
+        """
         if self.mode is None:
             return
-        from ..comm.fabric import measure_fabric
+        from ..comm.fabric import Fabric, measure_fabric
 
-        self.fabric = measure_fabric(self.trainer.topology,
-                                     budget_s=self.trainer.config["fabric_seconds"])
+        config = self.trainer.config
+        if self.mode == "auto" and config.get("plan_calibrate", False):
+            from .calibrate import calibrate, cost_params
+
+            calibration = calibrate(self.trainer.topology,
+                                    fabric_seconds=config["fabric_seconds"])
+            self.fabric = Fabric.from_dict(calibration["fabric"])
+            self.model_fabric = calibration["fabric"]  # with the measured Allreduce
+            self.params = cost_params(calibration)
+            return
+        self.fabric = measure_fabric(self.trainer.topology, budget_s=config["fabric_seconds"])
+        self.model_fabric = self.fabric
 
     def start(self, first_step: int, resumed: bool = False) -> None:
         """Begin measuring sparsity at ``first_step`` (workers; collective).
@@ -204,14 +226,14 @@ class PlanController:
         if trainer.is_leader:  # one rank decides everything, keeps included: no
             # rank can take another branch of a collective switch on round-off
             specs = self._variables(measured)
-            plan = make_plan(specs, self.mode, self._shape(),
-                             self.fabric, measurements=measured, search=self.search,
+            plan = make_plan(specs, self.mode, self._shape(), self.model_fabric,
+                             params=self.params, measurements=measured, search=self.search,
                              correction=load_correction(), hot_rows=self._hot_rows_setting())
             if replanning:
                 for spec in specs:
                     if spec["kind"] != "sparse":
                         continue
-                    times = predict_all(spec, self._shape(), self.fabric)
+                    times = predict_all(spec, self._shape(), self.model_fabric, params=self.params)
                     if not should_switch(trainer.sync[spec["name"]].method, times,
                                          float(trainer.config["replan_threshold"])):
                         self._keep(plan.variables[spec["name"]], spec["name"])  # gain too small
@@ -295,6 +317,9 @@ class PlanController:
                 method="allreduce", predicted_s=prior.predicted_s if prior else None,
                 reason="dense: allreduce")
         search = {"mode": self.label, **self.search}
+        if self.plan is not None and "cost_model" in self.plan.search:
+            # which constants and whether a learned correction made the plan
+            search["cost_model"] = self.plan.search["cost_model"]
         return Plan(variables=variables, fabric=self.fabric.to_dict() if self.fabric else None,
                     measurements=self.plan.measurements if self.plan else {},
                     topology=self._shape(), search=search, runtime=self.runtime)

@@ -109,6 +109,9 @@ def test_loop_equals_one_process(comm, all_ok, plan, servers):
                   and sync.steps == 5 and set(sync.methods()) == {"a", "b"})
             if plan != "auto":
                 ok &= set(sync.methods().values()) == {plan}
+            elif topo.num_workers > 1:  # the constants it planned with were timed here
+                params = sync.planning.params
+                ok &= params is not None and params.source == "calibrated in this job"
             sync.finish()
     finally:
         topo.free()

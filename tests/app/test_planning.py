@@ -7,6 +7,7 @@ parameters must agree to float64 round-off (the methods only sum in other
 orders).
 """
 
+import dataclasses
 import json
 import os
 
@@ -76,10 +77,55 @@ def test_measured_plan_is_saved_agreed_and_exact(comm, tmp_path, fixed_ps, mode)
                     and 0 < plan.measurements[n]["alpha"] <= 1 for n in sparse)
         if mode == "hybrid":
             good &= all(v.method == "ps" for v in sparse.values())
+        # auto's constants were timed on this job (the trainer's default), hybrid's rule
+        # needs none: the cost model only prices its choices, with the kernel rates
+        good &= plan.search["cost_model"]["params"] == (
+            "calibrated in this job" if mode == "auto" else "kernels timed here")
         return good
 
     assert comm.allreduce(bool(ok), op=MPI.LAND)
     assert read_on_first(comm, check_plan) is True
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.timeout(180)
+def test_auto_plan_prices_with_the_constants_it_calibrated(comm, tmp_path, fixed_ps):
+    """``--plan auto`` times the model's constants on the job (every rank, servers
+    serving) and plans with them; ``--no-plan-calibrate`` keeps the kernel rates."""
+    from hpcpax.plan.cost_model import predict
+
+    calibrated, path, losses, params = run(comm, tmp_path, "calibrated", plan="auto",
+                                           plan_steps=3)
+    plain, plain_path, _, _ = run(comm, tmp_path, "plain", plan="auto", plan_steps=3,
+                                  plan_calibrate=False)
+    ok = close(params, fixed_ps[1]) and np.allclose(losses, fixed_ps[0], rtol=1e-9)
+    assert comm.allreduce(bool(ok), op=MPI.LAND)
+    assert plain.planning.params is None
+    assert set(calibrated.planning.params.software) >= {"ps_pull", "ps_push",
+                                                        "allgather_push", "dense_allreduce"}
+    assert calibrated.planning.params.kernels and calibrated.planning.model_fabric["intra"]
+
+    def check():
+        plan = Plan.load(os.path.join(path, "plan.json"))
+        other = Plan.load(os.path.join(plain_path, "plan.json"))
+        params = dataclasses.replace(calibrated.planning.params, ps_batch=3)
+        topology = plan.topology
+        for name, entry in plan.variables.items():
+            if entry.kind != "dense":
+                continue  # a dense tensor's price: one allreduce, no choice in it
+            want = predict({"name": name, "kind": "dense", "shape": list(entry.shape),
+                            "dtype": entry.dtype}, "allreduce", topology,
+                           calibrated.planning.model_fabric, params=params)
+            if not np.isclose(entry.predicted_s, want, rtol=1e-12):
+                return f"{name}: {entry.predicted_s} != {want}"
+        return (plan.search["cost_model"]["params"], other.search["cost_model"]["params"])
+
+    if comm.Get_rank() == calibrated.topology.worker_ranks[0]:
+        result = check()
+    else:
+        result = None
+    result = comm.bcast(result, root=calibrated.topology.worker_ranks[0])
+    assert result == ("calibrated in this job", "kernels timed here")
 
 
 @pytest.mark.mpi(min_size=1)

@@ -405,3 +405,33 @@ def test_the_per_partition_cost_is_kept_only_above_its_noise():
     real = noise + 15 * 20e-6  # 20 us per partition under the same noise
     assert per_partition(real, 15) == pytest.approx(20e-6 + noise.mean() / 15)
     assert per_partition(real, 0) == 0.0 and per_partition([1.0], 15) == 0.0
+
+
+def test_a_calibration_becomes_the_job_scope_constants_the_check_validates():
+    """``cost_params`` (what ``--plan auto`` and cost_model_check both use) keeps every
+    measured constant: a pull priced with it is the operation's job-scope cost."""
+    from hpcpax.plan.calibrate import cost_params
+
+    calibration = {"kernels": {"gather": {"call_s": 1e-6, "unit_s": 2e-9}},
+                   "handoff": {"per_work": 0.1}, "software": SOFTWARE,
+                   "software_scope": "job", "partition_overhead_s": 7e-5,
+                   "partition_overhead_per": "exchange", "fabric": {}, "one_host": True}
+    params = cost_params(calibration)
+    assert params.source == "calibrated in this job"
+    assert (params.kernels, params.handoff, params.software) == (
+        calibration["kernels"], calibration["handoff"], SOFTWARE)
+    assert (params.software_scope, params.partition_overhead_s,
+            params.partition_overhead_per) == ("job", 7e-5, "exchange")
+    layout = Layout.from_shape(1, 2, 0)
+    bare = cost_params({**calibration, "kernels": {}, "partition_overhead_s": 0.0})
+    step = predict_step(layout, FAST, bare, {"t": _ps_routing(layout)}, dense_bytes=[],
+                        include_control=False)
+    assert step.phases["pull"] == pytest.approx(5e-4 + 1e-4)  # no latencies: job scope
+    # the measured cost per partition exchange is charged on top
+    step = predict_step(layout, FAST, cost_params({**calibration, "kernels": {}}),
+                        {"t": _ps_routing(layout)}, dense_bytes=[], include_control=False)
+    assert step.phases["pull"] > 5e-4 + 1e-4
+    # older calibrations without the newer keys: the model's defaults
+    old = cost_params({k: v for k, v in calibration.items()
+                       if not k.startswith("partition") and k != "software_scope"})
+    assert (old.software_scope, old.partition_overhead_s) == ("process", 0.0)
