@@ -552,6 +552,7 @@ def _report(args, jobs, failures, fabric, emit):
         else None,
         "cases": [{"layout": e["layout"], "config": e["config"], "method": e["method"],
                    "measured_ms": e["measured_s"] * 1e3, "predicted_ms": e["predicted_s"] * 1e3,
+                   "predicted_kernel_rates_ms": e["predicted_kernel_rates_s"] * 1e3,
                    "spread": e["spread"], "bottleneck": e["bottleneck"]} for e in entries],
         "machine": f"{os.cpu_count()} cores, shared with other jobs",
     })

@@ -226,10 +226,14 @@ class PlanController:
         if trainer.is_leader:  # one rank decides everything, keeps included: no
             # rank can take another branch of a collective switch on round-off
             specs = self._variables(measured)
+            correction = load_correction()
             plan = make_plan(specs, self.mode, self._shape(), self.model_fabric,
                              params=self.params, measurements=measured, search=self.search,
-                             correction=load_correction(), hot_rows=self._hot_rows_setting())
-            if replanning:
+                             correction=correction, hot_rows=self._hot_rows_setting())
+            whole = plan.search.get("cost_model", {}).get("whole_step")
+            if replanning and whole is not None:
+                self._keep_whole_step(plan, specs, whole["step_s"], correction)
+            elif replanning:
                 for spec in specs:
                     if spec["kind"] != "sparse":
                         continue
@@ -246,6 +250,24 @@ class PlanController:
         trainer.log(("re-plan" if replanning else f"plan ({self.mode})")
                     + f" after {measured[next(iter(measured))]['steps']} measured steps:\n"
                     + self.current_plan().table())
+
+    def _keep_whole_step(self, plan, specs, new_s, correction) -> None:
+        """Re-planning a plan chosen over the whole step: every sparse variable stays
+        where it is unless the new methods' predicted step beats the current ones' by
+        more than ``replan_threshold`` (the step is what the methods were chosen on)."""
+        from .joint_choice import step_seconds
+
+        sync = self.trainer.sync
+        sparse = [s["name"] for s in specs if s["kind"] == "sparse"]
+        now_s = step_seconds(specs, {n: sync[n].method for n in sparse}, self._shape(),
+                             self.model_fabric, self.params,
+                             partitions={n: sync[n].partitions for n in sparse},
+                             correction=correction[0] if isinstance(correction, tuple)
+                             else correction)
+        threshold = float(self.trainer.config["replan_threshold"])
+        if not new_s < now_s * (1.0 - threshold):
+            for name in sparse:
+                self._keep(plan.variables[name], name)  # gain too small
 
     def _keep(self, entry, name) -> None:
         """Make ``entry`` describe where ``name`` is now."""
