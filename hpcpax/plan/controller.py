@@ -67,15 +67,9 @@ class PlanController:
 
     # ------------------------------------------------------------ start-up
     def measure_fabric(self) -> None:
-        """Alpha-beta fabric measurement; **collective** over every rank.
-
-        Under ``auto`` with the config's ``plan_calibrate`` (the trainer's
-        default) the cost model's constants are timed on this job instead
-        (:func:`~hpcpax.plan.calibrate.calibrate`, the fabric included; a
-        few seconds): what ``benchmarks/cost_model_check.py`` validates is
-        then what plans. Without it the model has the kernel rates timed on
-        the first worker alone (:meth:`~hpcpax.plan.cost_model.CostParams.measured`).
-        """
+        """Alpha-beta fabric measurement; **collective** over every rank. ``auto`` with
+        ``plan_calibrate`` times all the model's constants (:func:`~hpcpax.plan.calibrate.
+        calibrate`: what cost_model_check validates); else kernel rates on one rank."""
         if self.mode is None:
             return
         from ..comm.fabric import Fabric, measure_fabric
@@ -252,20 +246,16 @@ class PlanController:
                     + self.current_plan().table())
 
     def _keep_whole_step(self, plan, specs, new_s, correction) -> None:
-        """Re-planning a plan chosen over the whole step: every sparse variable stays
-        where it is unless the new methods' predicted step beats the current ones' by
-        more than ``replan_threshold`` (the step is what the methods were chosen on)."""
-        from .joint_choice import step_seconds
+        """Re-planning a whole-step plan: every sparse variable stays unless the new
+        methods beat the current ones' step by ``replan_threshold``."""
+        from .joint_choice import worth_switching
 
         sync = self.trainer.sync
         sparse = [s["name"] for s in specs if s["kind"] == "sparse"]
-        now_s = step_seconds(specs, {n: sync[n].method for n in sparse}, self._shape(),
-                             self.model_fabric, self.params,
-                             partitions={n: sync[n].partitions for n in sparse},
-                             correction=correction[0] if isinstance(correction, tuple)
-                             else correction)
-        threshold = float(self.trainer.config["replan_threshold"])
-        if not new_s < now_s * (1.0 - threshold):
+        if not worth_switching(specs, {n: sync[n].method for n in sparse},
+                               {n: sync[n].partitions for n in sparse}, new_s, self._shape(),
+                               self.model_fabric, self.params,
+                               float(self.trainer.config["replan_threshold"]), correction):
             for name in sparse:
                 self._keep(plan.variables[name], name)  # gain too small
 

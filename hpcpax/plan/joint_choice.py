@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from .cost_model import ClusterShape, CostParams, VarSpec, _routing
 
-__all__ = ["choose_jointly", "step_seconds", "SWEEPS"]
+__all__ = ["choose_jointly", "step_seconds", "worth_switching", "SWEEPS"]
 
 #: Most passes over the tables (each pass moves every table to its best method).
 SWEEPS = 4
@@ -108,3 +108,15 @@ def choose_jointly(specs, start, shape, fabric, params: CostParams, partitions=N
             break
     return {"methods": methods, "step_s": best_s, "start_s": priced[0][0],
             "alternatives": alternatives}
+
+
+def worth_switching(specs, methods, partitions, new_s, shape, fabric, params: CostParams,
+                    threshold: float, correction=None) -> bool:
+    """Re-planning: whether the new methods' predicted step ``new_s`` beats the current
+    ``methods`` (with their ``partitions``) by more than ``threshold`` (a fraction);
+    ``correction`` may be :func:`~hpcpax.plan.learned.load_correction`'s pair."""
+    if isinstance(correction, tuple):
+        correction = correction[0]
+    now_s = step_seconds(specs, methods, shape, fabric, params, partitions=partitions,
+                         correction=correction)
+    return new_s < now_s * (1.0 - float(threshold))

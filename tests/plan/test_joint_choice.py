@@ -94,3 +94,18 @@ def test_make_plan_chooses_the_whole_step_with_per_operation_costs_only():
     assert {n: plain.variables[n].method for n in ("emb", "out", "bias")} == {
         s["name"]: choose(s, SHAPE, FABRIC, params=rates)[0] for s in specs
         if s["kind"] == "sparse"}
+
+
+def test_replanning_switches_only_for_a_gain_above_the_threshold():
+    from hpcpax.plan.joint_choice import worth_switching
+
+    specs = tables()
+    current = {"emb": "ps", "out": "ps", "bias": "allreduce"}
+    parts = {"emb": 2, "out": 2, "bias": 1}
+    now_s = step_seconds(specs, current, SHAPE, FABRIC, PARAMS, partitions=parts)
+    assert worth_switching(specs, current, parts, 0.5 * now_s, SHAPE, FABRIC, PARAMS, 0.4)
+    assert not worth_switching(specs, current, parts, 0.7 * now_s, SHAPE, FABRIC, PARAMS, 0.4)
+    assert not worth_switching(specs, current, parts, now_s, SHAPE, FABRIC, PARAMS, 0.0)
+    # a correction given as load_correction's (correction, why) pair is unwrapped
+    assert worth_switching(specs, current, parts, 0.5 * now_s, SHAPE, FABRIC, PARAMS, 0.4,
+                           correction=(None, "not used"))
