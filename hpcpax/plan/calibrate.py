@@ -103,15 +103,14 @@ def measure_allreduce(comm, sizes=ALLREDUCE_SIZES, repeats: int = 9,
     for size in sizes:
         buf = None if fresh else np.zeros(size // 4, np.float32)
         times = []
-        for repeat in range(repeats + 1):  # the first call untimed
+        for _ in range(repeats + 1):  # the first call's time is dropped
             comm.Barrier()
             start = time.perf_counter()
             data = np.zeros(size // 4, np.float32) if fresh else buf
             comm.Allreduce(MPI.IN_PLACE, data)
             times.append(comm.allreduce(time.perf_counter() - start, op=MPI.MAX))
-            del data
+            del data  # freed before the next call allocates, as between two steps
         seconds[size] = float(np.median(times[1:]))
-        del buf
     latency, bandwidth = comm.bcast(
         fit_relative(list(sizes), [seconds[s] for s in sizes]), root=0)
     return {"latency_s": latency, "bandwidth_Bps": bandwidth}
