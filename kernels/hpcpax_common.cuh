@@ -12,6 +12,14 @@ typedef long long hp_index;  // int64 ids and offsets, as NumPy's int64
 // Batch of loads issued before the adds they feed, so their latency overlaps.
 #define HP_SUM_BATCH 16
 
+// Segments longer than this are summed by segment_sum_long (dedup_sum.cu):
+// one block per (segment, HP_LONG_COLS columns), HP_LONG_THREADS threads,
+// rows staged through two shared-memory tiles of HP_LONG_TILE_BYTES each.
+#define HP_LONG_SEGMENT 256
+#define HP_LONG_COLS 32
+#define HP_LONG_THREADS 512
+#define HP_LONG_TILE_BYTES 16384
+
 // acc + values[order[begin]*dim + c] + ... + values[order[end-1]*dim + c],
 // added one at a time in k order (so bit-equal to a sequential CPU loop).
 template <typename T>

@@ -15,7 +15,14 @@ from __future__ import annotations
 import numpy as np
 
 from ..backend import cupy_module
-from ._kernel_source import NAME_EXPRESSIONS, compile_options, kernel_sources, kernels_dir, module_code
+from ._kernel_source import (
+    NAME_EXPRESSIONS,
+    compile_options,
+    header_constant,
+    kernel_sources,
+    kernels_dir,
+    module_code,
+)
 
 cp = cupy_module(required=True)
 
@@ -23,6 +30,10 @@ _BLOCK = 256
 _MODULES: dict = {}
 _SM_COUNT: dict = {}
 _CTYPE = {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}
+#: Segments (rows of one id) longer than this go to ``segment_sum_long``.
+LONG_SEGMENT = header_constant("HP_LONG_SEGMENT")
+_LONG_COLS = header_constant("HP_LONG_COLS")
+_LONG_THREADS = header_constant("HP_LONG_THREADS")
 
 
 def get_function(filename: str, name_expression: str):
@@ -85,7 +96,8 @@ def launch_mark_segment_heads(sorted_ids, flags) -> None:
     _launch("dedup_sum.cu", "mark_segment_heads", n, (sorted_ids, np.int64(n), flags))
 
 
-def launch_segment_sum_sorted(values, order, starts, out) -> None:
+def launch_segment_sum_sorted(values, order, starts, out, max_len=LONG_SEGMENT) -> None:
+    """Segments of at most ``max_len`` rows; longer ones are left untouched."""
     _check_arrays(values=values, order=order, starts=starts, out=out)
     _check_dtype("values", values, _FLOAT)
     _check_dtype("out", out, (values.dtype,))
@@ -93,7 +105,25 @@ def launch_segment_sum_sorted(values, order, starts, out) -> None:
     _check_dtype("starts", starts, _INT64)
     n_unique, dim = out.shape
     _launch("dedup_sum.cu", f"segment_sum_sorted<{_CTYPE[values.dtype]}>", n_unique * dim,
-            (values, order, starts, np.int64(n_unique), np.int64(dim), out))
+            (values, order, starts, np.int64(n_unique), np.int64(dim), np.int64(max_len), out))
+
+
+def launch_segment_sum_long(values, order, starts, segments, out_rows, out, accumulate) -> None:
+    """Segments ``segments`` into rows ``out_rows`` of ``out`` (added to them if ``accumulate``)."""
+    _check_arrays(values=values, order=order, starts=starts, segments=segments, out_rows=out_rows, out=out)
+    _check_dtype("values", values, _FLOAT)
+    _check_dtype("out", out, (values.dtype,))
+    for name, a in (("order", order), ("starts", starts), ("segments", segments), ("out_rows", out_rows)):
+        _check_dtype(name, a, _INT64)
+    if segments.size != out_rows.size:
+        raise ValueError(f"out_rows must have one row per segment ({segments.size}), not {out_rows.size}")
+    dim = out.shape[1]
+    if segments.size == 0 or dim == 0:
+        return
+    kernel = get_function("dedup_sum.cu", f"segment_sum_long<{_CTYPE[values.dtype]}>")
+    grid = (int(segments.size), int((dim + _LONG_COLS - 1) // _LONG_COLS))
+    kernel(grid, (_LONG_THREADS,), (values, order, starts, segments, out_rows, np.int64(dim),
+                                    np.int32(1 if accumulate else 0), out))
 
 
 def launch_gather_rows(table, ids, out) -> None:
@@ -106,7 +136,8 @@ def launch_gather_rows(table, ids, out) -> None:
             (table, ids, np.int64(n), np.int64(dim), out))
 
 
-def launch_scatter_add_sorted(table, values, order, starts, unique_ids) -> None:
+def launch_scatter_add_sorted(table, values, order, starts, unique_ids, max_len=LONG_SEGMENT) -> None:
+    """Segments of at most ``max_len`` rows; longer ones are left untouched."""
     _check_arrays(table=table, values=values, order=order, starts=starts, unique_ids=unique_ids)
     _check_dtype("table", table, _FLOAT)
     _check_dtype("values", values, (table.dtype,))
@@ -114,7 +145,7 @@ def launch_scatter_add_sorted(table, values, order, starts, unique_ids) -> None:
         _check_dtype(name, a, _INT64)
     n_unique, dim = unique_ids.size, table.shape[1]
     _launch("gather_scatter.cu", f"scatter_add_sorted<{_CTYPE[table.dtype]}>", n_unique * dim,
-            (table, values, order, starts, unique_ids, np.int64(n_unique), np.int64(dim)))
+            (table, values, order, starts, unique_ids, np.int64(n_unique), np.int64(dim), np.int64(max_len)))
 
 
 def launch_partition_of(ids, partitioning, parts) -> None:
@@ -173,6 +204,11 @@ def _group_sorted(indices):
     return order, starts, sorted_ids[heads]
 
 
+def _long_segments(starts):
+    """Indices of the segments longer than ``LONG_SEGMENT`` rows (int64)."""
+    return cp.flatnonzero((starts[1:] - starts[:-1]) > LONG_SEGMENT).astype(cp.int64, copy=False)
+
+
 def dedup_sum(indices, values):
     dim = values.shape[1]
     if indices.size == 0:
@@ -180,6 +216,8 @@ def dedup_sum(indices, values):
     order, starts, unique = _group_sorted(indices)
     out = cp.empty((unique.size, dim), values.dtype)
     launch_segment_sum_sorted(values, order, starts, out)
+    long = _long_segments(starts)
+    launch_segment_sum_long(values, order, starts, long, long, out, accumulate=False)
     return unique, out
 
 
@@ -194,6 +232,8 @@ def scatter_add_rows(table, ids, values):
     if ids.size:
         order, starts, unique = _group_sorted(ids)
         launch_scatter_add_sorted(table, values, order, starts, unique)
+        long = _long_segments(starts)
+        launch_segment_sum_long(values, order, starts, long, unique[long], table, accumulate=True)
     return table
 
 

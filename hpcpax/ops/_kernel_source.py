@@ -16,13 +16,14 @@ import re
 from pathlib import Path
 
 __all__ = ["NAME_EXPRESSIONS", "kernels_dir", "kernel_sources", "kernels_hash",
-           "module_code", "compile_options"]
+           "module_code", "compile_options", "header_constant"]
 
 _FLOATS = ("float", "double")
 
 #: Every kernel (an NVRTC name expression) that each source file provides.
 NAME_EXPRESSIONS = {
-    "dedup_sum.cu": ["mark_segment_heads"] + [f"segment_sum_sorted<{t}>" for t in _FLOATS],
+    "dedup_sum.cu": ["mark_segment_heads"]
+    + [f"{k}<{t}>" for k in ("segment_sum_sorted", "segment_sum_long") for t in _FLOATS],
     "gather_scatter.cu": [f"{k}<{t}>" for k in ("gather_rows", "scatter_add_sorted") for t in _FLOATS],
     "partition_pack.cu": ["partition_of"] + [f"pack_rows<{t}>" for t in _FLOATS],
     "sparse_optimizers.cu": [
@@ -33,6 +34,7 @@ NAME_EXPRESSIONS = {
 _SOURCES: dict = {}
 _HASH: list = []
 _INCLUDE = re.compile(r'^[ \t]*#[ \t]*include[ \t]+"([^"]+)"[ \t]*$', re.MULTILINE)
+_DEFINE = r'^[ \t]*#[ \t]*define[ \t]+{}[ \t]+(\d+)[ \t]*$'
 
 
 def kernels_dir():
@@ -91,3 +93,18 @@ def module_code(filename: str, sources: dict | None = None) -> str:
 def compile_options() -> tuple:
     """NVRTC options: C++17, no fused multiply-add, and the folder's hash."""
     return ("-std=c++17", "--fmad=false", f"-DHPCPAX_KERNELS_HASH=0x{kernels_hash()}")
+
+
+def header_constant(name: str) -> int:
+    """The integer ``#define name N`` of ``hpcpax_common.cuh``.
+
+    The launchers read the kernels' launch constants (block size, long-segment
+    threshold) from the header itself, so the two sides cannot drift apart.
+
+    Raises:
+        KeyError: the header defines no integer constant ``name``.
+    """
+    match = re.search(_DEFINE.format(re.escape(name)), kernel_sources()["hpcpax_common.cuh"], re.MULTILINE)
+    if match is None:
+        raise KeyError(f"hpcpax_common.cuh must #define {name} as an integer")
+    return int(match.group(1))

@@ -120,8 +120,9 @@ def scatter_add_rows(table, ids, values):
 
     Repeated ids accumulate sequentially in the order given, so the result is
     bit-equal to ``np.add.at(table, ids, values)`` on every path (CUDA:
-    ``kernels/gather_scatter.cu`` after a stable sort; Numba: grouped by row,
-    parallel over rows). Not collective.
+    ``kernels/gather_scatter.cu`` after a stable sort, rows with more than
+    256 repeats by ``segment_sum_long`` in ``kernels/dedup_sum.cu``; Numba:
+    grouped by row, parallel over rows). Not collective.
 
     Args:
         table: C-contiguous 2-D float32/float64 array ``[rows, dim]``, updated

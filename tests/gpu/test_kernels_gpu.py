@@ -226,3 +226,43 @@ def test_large_zipf_dedup(cp):
     ref_unique, ref_summed = dedup_sum_reference(ids, values)
     np.testing.assert_array_equal(unique.get(), ref_unique)
     np.testing.assert_array_equal(bits(summed.get()), bits(ref_summed))
+
+
+LONG = [0, 1, 255, 256, 257, 300, 1000, 4096 + 3]  # rows per id around the long-segment kernel's edges
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dim", [1, 32, 33, 70])
+def test_long_segments_match_the_reference(cp, dtype, dim):
+    # Segments of every length around HP_LONG_SEGMENT and the shared-memory
+    # tile (128 float / 64 double rows), interleaved with short ones, for both
+    # ops; the table holds -0.0 and large values so the order of adds shows.
+    from hpcpax.ops import _cuda
+
+    assert _cuda.LONG_SEGMENT == 256
+    rng = np.random.default_rng(6)
+    ids = np.concatenate([np.full(n, 10 * k, np.int64) for k, n in enumerate(LONG)] +
+                         [rng.integers(0, 200, 500)])
+    rng.shuffle(ids)
+    values = (rng.standard_normal((ids.size, dim)) * 10.0 ** rng.integers(-3, 8, (ids.size, 1))).astype(dtype)
+    unique, summed = dedup_sum(cp.asarray(ids), cp.asarray(values))
+    ref_unique, ref_summed = dedup_sum_reference(ids, values)
+    np.testing.assert_array_equal(unique.get(), ref_unique)
+    np.testing.assert_array_equal(bits(summed.get()), bits(ref_summed))
+    table = rng.standard_normal((200, dim)).astype(dtype) * 1e6
+    table[::3] = -0.0
+    device_table = cp.asarray(table)
+    scatter_add_rows(device_table, cp.asarray(ids), cp.asarray(values))
+    ref = scatter_add_rows_reference(table.copy(), ids, values)
+    np.testing.assert_array_equal(bits(device_table.get()), bits(ref))
+
+
+def test_long_segment_launcher_checks_rows(cp):
+    from hpcpax.ops import _cuda
+
+    starts = cp.asarray([0, 300], cp.int64)
+    values = cp.zeros((300, 4), cp.float32)
+    with pytest.raises(ValueError, match="one row per segment"):
+        _cuda.launch_segment_sum_long(values, cp.arange(300, dtype=cp.int64), starts,
+                                      cp.asarray([0], cp.int64), cp.asarray([0, 1], cp.int64),
+                                      cp.zeros((1, 4), cp.float32), accumulate=False)

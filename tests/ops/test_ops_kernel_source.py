@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from hpcpax.ops import _kernel_source as ks
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -48,6 +50,14 @@ def test_hash_follows_headers():
     options = ks.compile_options()
     assert "--fmad=false" in options
     assert f"-DHPCPAX_KERNELS_HASH=0x{ks.kernels_hash()}" in options
+
+
+def test_header_constants_are_read_from_the_header():
+    assert ks.header_constant("HP_LONG_SEGMENT") == 256
+    assert ks.header_constant("HP_LONG_THREADS") % ks.header_constant("HP_LONG_COLS") == 0
+    assert ks.header_constant("HP_SUM_BATCH") == 16
+    with pytest.raises(KeyError, match="HP_NO_SUCH_CONSTANT"):
+        ks.header_constant("HP_NO_SUCH_CONSTANT")
 
 
 def test_benchmark_quick_prints_one_json_line():
