@@ -29,11 +29,11 @@ __global__ void segment_sum_sorted(const T* __restrict__ values,
 // accumulate is set, from that row's current value (scatter-add). The adds
 // are those of hp_sequential_sum, in the same order, so the result is the
 // same bit for bit. Warp 0 adds one tile of rows from shared memory while
-// the other warps stage the next tile (double-buffered): each loader warp issues
-// all its rows' loads at once, with the order indices fetched a tile ahead,
-// so a tile costs about one memory latency. Launch with HP_LONG_THREADS
-// threads per block (512 measured 1.25x faster than 256 on an H200, and
-// 1024 no faster; benchmarks/results/kernels_gpu-2026-12-04.json).
+// the other warps stage the next tile (double-buffered): each loader warp
+// issues all its rows' loads at once, with the order indices fetched a tile
+// ahead, so a tile costs about one memory latency. Launch with HP_LONG_THREADS
+// threads per block (on an H200, 512 measured 1.26-1.33x faster than 256
+// and 1024 no faster; benchmarks/results/kernels_gpu-2026-12-04.json).
 template <typename T>
 __global__ void segment_sum_long(const T* __restrict__ values,
                                  const hp_index* __restrict__ order,

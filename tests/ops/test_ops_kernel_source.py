@@ -54,7 +54,12 @@ def test_hash_follows_headers():
 
 def test_header_constants_are_read_from_the_header():
     assert ks.header_constant("HP_LONG_SEGMENT") == 256
-    assert ks.header_constant("HP_LONG_THREADS") % ks.header_constant("HP_LONG_COLS") == 0
+    # segment_sum_long: one column per lane of a full warp (its shuffles), at
+    # least one loader warp, two tiles within the 48 KiB of static shared memory
+    assert ks.header_constant("HP_LONG_COLS") == 32
+    threads = ks.header_constant("HP_LONG_THREADS")
+    assert threads % 32 == 0 and threads >= 64
+    assert 2 * ks.header_constant("HP_LONG_TILE_BYTES") <= 48 * 1024
     assert ks.header_constant("HP_SUM_BATCH") == 16
     with pytest.raises(KeyError, match="HP_NO_SUCH_CONSTANT"):
         ks.header_constant("HP_NO_SUCH_CONSTANT")
