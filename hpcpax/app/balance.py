@@ -5,7 +5,9 @@ every worker measures its own work seconds per step (the data and compute
 phases: what grows with its share) and every ``--rebalance-every`` steps the
 workers agree new shares that make them finish together
 (:func:`hpcpax.plan.shares.balanced_shares`, on a per-worker model
-``fixed + share x seconds per sample`` fitted to the last evaluations): the
+``fixed + share x seconds per sample`` fitted to the last evaluations where
+they determine it, else proportional; a correction of uneven shares moves
+no share by more than a quarter of it): the
 medians are gathered, the first worker decides, the decision is broadcast,
 so every rank uses the same shares from the next step on. With ``--batch-shares A,B,...`` the shares are
 fixed (tests, a known slow worker).
@@ -23,8 +25,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import ConfigError
-from ..plan.shares import (balanced_shares, even_shares, fit_work, parse_shares,
-                           relative_gain, share_ranges)
+from ..plan.shares import (SHARE_TRUST, balanced_shares, even_shares, fit_work,
+                           parse_shares, relative_gain, share_ranges, trusted)
 
 __all__ = ["BatchBalancer", "MIN_GAIN", "check_batch_shares", "check_run_time"]
 
@@ -155,8 +157,10 @@ class BatchBalancer:
         Each worker's work is modelled as ``fixed + share x seconds per
         sample``, fitted on the last ``HISTORY`` evaluations
         (:func:`~hpcpax.plan.shares.fit_work`: proportional to the share until
-        two different shares were seen), so a worker's per-step costs do not
-        make a small share look slow per sample.
+        the evaluations determine a line), so a worker's per-step costs do not
+        make a small share look slow per sample. A correction of shares
+        already uneven moves no share by more than ``SHARE_TRUST`` of it
+        (:func:`~hpcpax.plan.shares.trusted`).
         """
         self._observed = (self._observed + [(list(self.shares), [float(w) for w in work])])
         self._observed = self._observed[-HISTORY:]
@@ -164,6 +168,8 @@ class BatchBalancer:
                 for w in range(self.workers)]
         fixed, per_sample = [f[0] for f in fits], [f[1] for f in fits]
         proposed = balanced_shares(per_sample, self.global_batch, fixed=fixed)
+        if not self.even:
+            proposed = trusted(self.shares, proposed, SHARE_TRUST)
         gain = relative_gain(self.shares, proposed, per_sample, fixed)
         if proposed == self.shares or gain < MIN_GAIN:
             return None

@@ -84,7 +84,7 @@ import math
 import numpy as np
 
 from .loss_guard import GUARD_RATE, GUARD_RISE, expected_fall, guard, loss_figures
-from .shares import balanced_shares, even_shares, relative_gain, step_work
+from .shares import SHARE_TRUST, balanced_shares, even_shares, relative_gain, step_work, trusted
 
 __all__ = ["analyze", "loss_figures", "expected_fall", "guard", "AutoPolicy", "PERSISTENT_RATIO",
            "PERSISTENT_EXIT",
@@ -105,7 +105,6 @@ TRIAL_STALENESS = 2      # the staleness of that trial
 HISTORY = 6              # segments whose speeds the shares come from (newest)
 CONSISTENTLY_SLOWEST = 0.8  # ... of a segment's steps: persistent within it (for a trial)
 CONSISTENT_STEPS = 8     # ... of at least this many measured steps (4 of 4 happen by chance)
-SHARE_TRUST = 0.25       # a correction of uneven shares moves no share by more than this
 
 
 def analyze(work, batch, seconds) -> dict:
@@ -170,20 +169,6 @@ def analyze(work, batch, seconds) -> dict:
                                           == int(np.argmax(per_sample)))),
         "steps": int(work.shape[0]),
     }
-
-
-def trusted(current, proposed, trust) -> list:
-    """``proposed`` shares, the move from ``current`` scaled down (the same fraction for
-    every worker) so that no share changes by more than ``trust`` x its current value;
-    integer shares with ``proposed``'s sum (floored, the samples left over going to the
-    largest remainders, ties to the lower worker)."""
-    scale = min([1.0] + [trust * c / abs(p - c) for c, p in zip(current, proposed) if p != c])
-    target = [c + scale * (p - c) for c, p in zip(current, proposed)]
-    shares = [int(math.floor(t)) for t in target]
-    order = sorted(range(len(target)), key=lambda w: (shares[w] - target[w], w))
-    for w in order[:sum(proposed) - sum(shares)]:
-        shares[w] += 1
-    return shares
 
 
 class AutoPolicy:

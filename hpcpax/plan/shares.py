@@ -24,11 +24,23 @@ import numpy as np
 from ..errors import ConfigError
 
 __all__ = ["even_shares", "balanced_shares", "fit_work", "share_ranges", "step_work",
-           "parse_shares", "relative_gain", "MIN_SHARE_FRACTION"]
+           "parse_shares", "relative_gain", "trusted", "MIN_SHARE_FRACTION", "FIT_MIN_POINTS",
+           "FIT_MIN_SPREAD", "FIT_MAX_FIXED", "SHARE_TRUST"]
 
 #: No worker gets less than this fraction of an even share (a worker measured
 #: very slow once still contributes, and keeps being measured).
 MIN_SHARE_FRACTION = 0.1
+#: :func:`fit_work` fits a line only to this many evaluations or more ...
+FIT_MIN_POINTS = 3
+#: ... whose shares spread by this fraction of their mean or more ...
+FIT_MIN_SPREAD = 0.2
+#: ... and keeps it only when its fixed part is at most this fraction of the mean work
+#: (a worker whose work hardly shrinks with its share gains nothing from balancing, and
+#: such a line is far more often another worker's contention than a real fixed cost).
+FIT_MAX_FIXED = 0.8
+#: A correction of shares already uneven moves no share by more than this fraction of
+#: it (:func:`trusted`): one noisy evaluation cannot halve a worker's share.
+SHARE_TRUST = 0.25
 
 
 def even_shares(global_batch, workers) -> list:
@@ -95,25 +107,36 @@ def balanced_shares(seconds_per_sample, global_batch, minimum=None, fixed=None) 
 
 
 def fit_work(shares, seconds) -> tuple:
-    """``(fixed, per_sample)`` of one worker from its work ``seconds`` at several ``shares``.
+    """``(fixed, per_sample)`` of one worker from its work ``seconds`` at ``shares``
+    (one entry per evaluation, oldest first; the last one's share is the share in force).
 
-    A least-squares line ``seconds = fixed + per_sample x share`` when the
-    shares differ (``fixed`` clamped to ``[0, min(seconds)]``, ``per_sample``
-    then refitted through the clamped intercept); ``(0, mean seconds per
-    sample)`` otherwise. Pure.
+    A least-squares line ``seconds = fixed + per_sample x share`` only where
+    the evaluations determine it: at least ``FIT_MIN_POINTS`` of them, shares
+    spread by at least ``FIT_MIN_SPREAD`` of their mean, and a fixed part of
+    at most ``FIT_MAX_FIXED`` of the mean work (``fixed`` clamped to ``[0,
+    min(seconds)]``, ``per_sample`` then refitted through the clamped
+    intercept). Otherwise ``(0, median seconds per sample of the
+    evaluations at the share in force)``: a line through two noisy points,
+    or through shares that differ little, extrapolates wildly (measured on
+    an oversubscribed node, where a worker's speed also moves with the
+    others' shares: such a line gave a worker with 0.1 ms per sample 0.9 us
+    per sample and a 0.2 s fixed part, and balancing then handed it 1.4x
+    its share). Pure.
     """
     s = np.asarray(shares, dtype=np.float64)
     w = np.asarray(seconds, dtype=np.float64)
     if len(s) == 0:
         return 0.0, float("nan")
-    if len(set(s.tolist())) < 2:
-        return 0.0, float(np.mean(w / np.maximum(s, 1.0)))
+    latest = s == s[-1]
+    proportional = (0.0, float(np.median(w[latest] / max(float(s[-1]), 1.0))))
+    if len(s) < FIT_MIN_POINTS or (s.max() - s.min()) < FIT_MIN_SPREAD * s.mean():
+        return proportional
     slope = float(((s - s.mean()) * (w - w.mean())).sum() / ((s - s.mean()) ** 2).sum())
     fixed = float(w.mean() - slope * s.mean())
     fixed = min(max(fixed, 0.0), float(w.min()))
     per_sample = float(((w - fixed) * s).sum() / (s * s).sum())
-    if not per_sample > 0:
-        return 0.0, float(np.mean(w / np.maximum(s, 1.0)))
+    if not per_sample > 0 or fixed > FIT_MAX_FIXED * float(w.mean()):
+        return proportional
     return fixed, per_sample
 
 
@@ -157,3 +180,17 @@ def relative_gain(current, proposed, seconds_per_sample, fixed=None) -> float:
     if not math.isfinite(now) or now <= 0:
         return 0.0
     return 1.0 - step_work(proposed, seconds_per_sample, fixed) / now
+
+
+def trusted(current, proposed, trust) -> list:
+    """``proposed`` shares, the move from ``current`` scaled down (the same fraction for
+    every worker) so that no share changes by more than ``trust`` x its current value;
+    integer shares with ``proposed``'s sum (floored, the samples left over going to the
+    largest remainders, ties to the lower worker)."""
+    scale = min([1.0] + [trust * c / abs(p - c) for c, p in zip(current, proposed) if p != c])
+    target = [c + scale * (p - c) for c, p in zip(current, proposed)]
+    shares = [int(math.floor(t)) for t in target]
+    order = sorted(range(len(target)), key=lambda w: (shares[w] - target[w], w))
+    for w in order[:sum(proposed) - sum(shares)]:
+        shares[w] += 1
+    return shares

@@ -35,6 +35,35 @@ def test_converges_with_fixed_costs():
     assert seen[0] == [240, 240, 120]  # first: proportional (one share seen per worker)
 
 
+def test_recorded_oversubscribed_evaluations_move_shares_boundedly():
+    """The first two evaluations of a measured run (2-core node, 1 server + 3 workers,
+    worker 2 sleeping as long as it computes, lm with hidden 512-512 and 6144 samples
+    per step): the workers' median work seconds at even shares, then at the first
+    balanced shares (to the printed 3 digits). A line through those two points per worker had handed worker 0
+    3398 samples and worker 2 756 (its fit: 0.9 us per sample and a 0.2 s fixed part);
+    now the second correction is proportional at the shares in force, and bounded."""
+    b = balancer(global_batch=6144)
+    first = b.decide(10, [0.2130, 0.2130, 0.4055])
+    assert first["to"] == [2433, 2433, 1278] and first["fixed_seconds"] == [0.0] * 3
+    b.shares = first["to"]
+    second = b.decide(20, [0.2111, 0.2217, 0.2905])
+    assert second["fixed_seconds"] == [0.0] * 3
+    per_sample = [0.2111 / 2433, 0.2217 / 2433, 0.2905 / 1278]
+    assert second["seconds_per_sample"] == pytest.approx(per_sample)
+    # proportional to 1 / per_sample: 2632.5, 2506.6, 1004.8 (floored, the rest by finish time)
+    assert second["to"] == [2632, 2507, 1005]
+    assert all(abs(n - o) <= 0.25 * o for n, o in zip(second["to"], first["to"]))
+
+
+def test_a_correction_of_uneven_shares_is_bounded():
+    """A worker measured 4x slower per sample at once: its share falls by a quarter per
+    correction, not to a third in one evaluation."""
+    b = balancer()
+    b.shares = [250, 250, 100]
+    decision = b.decide(10, [0.025, 0.025, 0.04])  # 1e-4, 1e-4, 4e-4 s per sample
+    assert decision["to"][2] == 75 and sum(decision["to"]) == 600
+
+
 def test_noise_below_the_gain_keeps_the_shares():
     b = balancer()
     assert b.decide(10, [0.0601, 0.06, 0.0599]) is None and b.shares == [200, 200, 200]

@@ -1,10 +1,12 @@
 """Balanced BSP's shares of the global batch (pure functions, no MPI)."""
 
+import numpy as np
 import pytest
 
 from hpcpax.errors import ConfigError
-from hpcpax.plan.shares import (balanced_shares, even_shares, fit_work, parse_shares,
-                                relative_gain, share_ranges, step_work)
+from hpcpax.plan.shares import (FIT_MAX_FIXED, FIT_MIN_SPREAD, balanced_shares, even_shares,
+                                fit_work, parse_shares, relative_gain, share_ranges,
+                                step_work)
 
 
 def test_even_shares_spread_the_remainder_first():
@@ -84,5 +86,33 @@ def test_fit_work_recovers_the_line():
     # one share seen: proportional
     assert fit_work([100, 100], [0.2, 0.2]) == (0.0, pytest.approx(2e-3))
     # a negative intercept is clamped to 0, the slope refitted through the origin
-    fixed, per_sample = fit_work([100, 200], [0.05, 0.2])
-    assert fixed == 0.0 and per_sample == pytest.approx((5 + 40) / (1e4 + 4e4))
+    fixed, per_sample = fit_work([100, 200, 200], [0.05, 0.2, 0.2])
+    assert fixed == 0.0 and per_sample == pytest.approx((5 + 40 + 40) / (1e4 + 4e4 + 4e4))
+
+
+def test_fit_work_needs_evaluations_that_determine_a_line():
+    # two points: proportional at the share in force (the last), not the line through them
+    assert fit_work([100, 150], [0.15, 0.2]) == (0.0, pytest.approx(0.2 / 150))
+    # three points, shares 10 % apart (< FIT_MIN_SPREAD): proportional, median at the last share
+    assert FIT_MIN_SPREAD == 0.2
+    assert fit_work([100, 110, 110, 110], [0.1, 0.1, 0.13, 0.11]) == (
+        0.0, pytest.approx(0.11 / 110))
+    # spread and points enough: the line
+    fixed, per_sample = fit_work([100, 130, 160], [0.03 + 1e-3 * s for s in (100, 130, 160)])
+    assert fixed == pytest.approx(0.03) and per_sample == pytest.approx(1e-3)
+
+
+def test_fit_work_rejects_a_line_that_is_mostly_fixed_part():
+    """As measured on a 2-core node (--straggler 3:2, the compute-heavy lm, even shares
+    then balanced ones): a fast worker's work hardly moves while its share rises by a
+    quarter, because the slow worker's smaller share frees CPU. The line through that is
+    nearly flat (a fixed part of 95 % of the work, 4e-6 s per sample where the worker
+    takes 8e-5): proportional instead."""
+    shares, work = [2048, 2560, 2560], [0.2095, 0.2110, 0.2121]
+    fixed, per_sample = fit_work(shares, work)
+    assert (fixed, per_sample) == (0.0, pytest.approx(np.median([0.2110, 0.2121]) / 2560))
+    assert FIT_MAX_FIXED == 0.8
+    # a real fixed part (50 % of the work) is kept
+    work = [0.1 + 5e-5 * s for s in (2048, 2431, 1700)]
+    fixed, per_sample = fit_work([2048, 2431, 1700], work)
+    assert fixed == pytest.approx(0.1) and per_sample == pytest.approx(5e-5)
