@@ -9,8 +9,8 @@ workers agree new shares that make them finish together
 they determine it, else proportional; a correction of uneven shares moves
 no share by more than a quarter of it): the
 medians are gathered, the first worker decides, the decision is broadcast,
-so every rank uses the same shares from the next step on. With ``--batch-shares A,B,...`` the shares are
-fixed (tests, a known slow worker).
+so every rank uses the same shares from the next step on. With
+``--batch-shares A,B,...`` the shares are fixed (tests, a known slow worker).
 
 The global batch is untouched: worker ``w`` reads samples
 ``[start_w, stop_w)`` of it (:meth:`~hpcpax.data.reading.ShardedReader.batch_range`),

@@ -38,8 +38,9 @@ The rules (constants below), first match wins. From ``bsp``/``balanced``:
    that differ little extrapolated wildly on a noisy node); workers that are
    not slower count as equally fast (``_equal_fast``), so noise between
    them does not move samples either; a correction of shares already
-   uneven moves no share by more than ``SHARE_TRUST`` of it (:func:`trusted`:
-   a bounded step, so one noisy segment cannot halve a worker's share);
+   uneven moves no share by more than ``SHARE_TRUST`` of it
+   (:func:`~hpcpax.plan.shares.trusted`: a bounded step, so one noisy
+   segment cannot halve a worker's share);
 3. ``balanced`` but no worker persistently slower any more (the ratio of
    rule 2 below ``PERSISTENT_EXIT``: a hysteresis, so a ratio hovering
    near ``PERSISTENT_RATIO`` does not flip the shares) -> ``bsp``;

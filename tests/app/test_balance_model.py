@@ -39,9 +39,10 @@ def test_recorded_oversubscribed_evaluations_move_shares_boundedly():
     """The first two evaluations of a measured run (2-core node, 1 server + 3 workers,
     worker 2 sleeping as long as it computes, lm with hidden 512-512 and 6144 samples
     per step): the workers' median work seconds at even shares, then at the first
-    balanced shares (to the printed 3 digits). A line through those two points per worker had handed worker 0
-    3398 samples and worker 2 756 (its fit: 0.9 us per sample and a 0.2 s fixed part);
-    now the second correction is proportional at the shares in force, and bounded."""
+    balanced shares (to the printed 3 digits). A line through those two points per
+    worker had handed worker 0 3398 samples and worker 2 756 (its fit: 0.9 us per
+    sample and a 0.2 s fixed part); now the second correction is proportional at the
+    shares in force, and bounded."""
     b = balancer(global_batch=6144)
     first = b.decide(10, [0.2130, 0.2130, 0.4055])
     assert first["to"] == [2433, 2433, 1278] and first["fixed_seconds"] == [0.0] * 3
