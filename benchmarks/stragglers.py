@@ -117,7 +117,8 @@ def one_run(comm, base, consistency, extra, steps, seed, workdir):
         tail = losses[-max(1, len(losses) // 5):]
         stale = (summary.get("staleness") or {}).get(consistency, {})
         servers = summary.get("servers") or []
-        samples = summary.get("samples") or steps * base["global_batch"]
+        # this run's batch (persistent_heavy sets its own)
+        samples = summary.get("samples") or steps * trainer.config["global_batch"]
         result = {"samples_per_s": summary["mean_samples_per_s"],
                   # every mode alike: samples over the training seconds, mode changes included
                   "samples_per_s_train": samples / summary["train_seconds"],
