@@ -12,6 +12,15 @@ medians are gathered, the first worker decides, the decision is broadcast,
 so every rank uses the same shares from the next step on. With
 ``--batch-shares A,B,...`` the shares are fixed (tests, a known slow worker).
 
+A change is a prediction, and the next evaluation checks it: the median
+step seconds of the first window run with the new shares against those of
+the window the change was decided on (``measured_step_gain`` beside
+``predicted_step_gain``, logged and written to ``metrics.jsonl``). A change
+after which the steps ran >= ``MIN_GAIN`` *slower* is undone (back to the
+shares before it), and the shares then stay for ``COOLDOWN`` evaluations,
+doubling with each undo: on a noisy node a wrong model must not keep moving
+samples to where they cost more.
+
 The global batch is untouched: worker ``w`` reads samples
 ``[start_w, stop_w)`` of it (:meth:`~hpcpax.data.reading.ShardedReader.batch_range`),
 the ranges of all workers concatenate to the even shards' samples, and the
@@ -26,15 +35,17 @@ import numpy as np
 
 from ..errors import ConfigError
 from ..plan.shares import (SHARE_TRUST, balanced_shares, even_shares, fit_work,
-                           parse_shares, relative_gain, share_ranges, trusted)
+                           parse_shares, relative_gain, share_ranges, step_work, trusted)
 
-__all__ = ["BatchBalancer", "MIN_GAIN", "check_batch_shares", "check_run_time"]
+__all__ = ["BatchBalancer", "MIN_GAIN", "COOLDOWN", "check_batch_shares", "check_run_time"]
 
 #: Shares change only when the new ones are predicted to save this fraction of
 #: the slowest worker's work (measurement noise does not move samples around).
 MIN_GAIN = 0.05
 #: Evaluations each worker's work model is fitted on (the newest ones).
 HISTORY = 6
+#: Evaluations without a change after a change was undone (doubling with each undo).
+COOLDOWN = 2
 
 
 def check_batch_shares(spec) -> None:
@@ -99,8 +110,14 @@ class BatchBalancer:
         self.shares = fixed or even_shares(self.global_batch, self.workers)
         self._log = log or (lambda text, important=False: None)
         self._measured = []  # this worker's work seconds per step since the last evaluation
+        self._steps = []  # ... and its step seconds
         self._observed = []  # first worker: [(shares, every worker's median work)], newest last
-        #: Every change: ``{step, from, to, seconds_per_sample, fixed_seconds, gain}``.
+        self._evaluations = 0  # first worker: evaluations so far
+        self._undos = 0  # ... changes undone so far
+        self._frozen_until = 0  # ... no change before this many evaluations
+        #: Every change: ``{step, from, to, seconds_per_sample, fixed_seconds, gain,
+        #: predicted_step_gain, step_seconds}``, and once the next evaluation checked it
+        #: ``measured_step_gain`` (an undo: ``undo`` true, ``gain`` the measured loss).
         self.history = []
 
     @property
@@ -115,32 +132,53 @@ class BatchBalancer:
         start, stop = share_ranges(self.shares)[self.index]
         return reader.batch_range(position, self.global_batch, start, stop)
 
-    def observe(self, step, times, local_batch, metrics=None) -> dict | None:
+    def observe(self, step, times, local_batch, metrics=None, step_seconds=None) -> dict | None:
         """Note one step's phase seconds; every ``every`` steps agree new shares.
 
         **Collective** over the workers at the steps where ``step % every ==
-        0`` under ``speed`` (every worker calls it after every step). Returns
-        the decision when the shares changed (also written to ``metrics``, a
-        :class:`~hpcpax.app.metrics.MetricsWriter`, and logged), else None.
+        0`` under ``speed`` (every worker calls it after every step).
+        ``step_seconds``: the step's wall seconds (default: the sum of
+        ``times``). Returns the decision when the shares changed (also
+        written to ``metrics``, a :class:`~hpcpax.app.metrics.MetricsWriter`,
+        and logged), else None; the check of the last change is written and
+        logged too.
         """
         if not self.adaptive:
             return None
         self._measured.append(times["data"] + times["compute"])
+        self._steps.append(float(sum(times.values()) if step_seconds is None else step_seconds))
         if step % self.every:
             return None
-        mine = float(np.median(self._measured))
-        self._measured = []
+        mine = (float(np.median(self._measured)), float(np.median(self._steps)))
+        self._measured, self._steps = [], []
         workers = self.topology.workers
         gathered = workers.gather(mine, root=0)
-        decision = None
+        outcome = None
         if self.index == 0:
-            decision = self.decide(step, gathered)
-        decision = workers.bcast(decision, root=0)
+            decision = self.decide(step, [g[0] for g in gathered], [g[1] for g in gathered])
+            outcome = (decision, self.history)
+        decision, history = workers.bcast(outcome, root=0)
+        self.history = list(history)  # the first worker's changes and checks, on every worker
+        for checked in history[-2:]:
+            if checked.get("checked_at") != int(step):
+                continue
+            if metrics is not None:
+                metrics.write({"step": int(step), "batch_shares_check": {
+                    k: checked.get(k) for k in ("step", "to", "predicted_step_gain",
+                                                "measured_step_gain")}})
+            self._log(f"step {step}: batch shares {checked['to']} (from step "
+                      f"{checked['step']}): steps "
+                      f"{_percent(checked['measured_step_gain'])} (predicted "
+                      f"{_percent(checked['predicted_step_gain'])})", important=True)
         if decision is not None:
             self.shares = list(decision["to"])
-            self.history.append(decision)
             if metrics is not None:
                 metrics.write({"step": int(step), "batch_shares": decision})
+            if decision.get("undo"):
+                self._log(f"step {step}: batch shares {decision['from']} -> {decision['to']}: "
+                          f"undone, the steps ran {_percent(decision['gain'])} with them; no "
+                          f"change for {decision['cooldown']} evaluation(s)", important=True)
+                return decision
             self._log(f"step {step}: batch shares {decision['from']} -> {decision['to']}: "
                       "seconds per sample " + ", ".join(
                           f"{t:.3g}" for t in decision["seconds_per_sample"])
@@ -150,9 +188,19 @@ class BatchBalancer:
                       "worker's work", important=True)
         return decision
 
-    def decide(self, step, work) -> dict | None:
+    def decide(self, step, work, step_seconds=None) -> dict | None:
         """The new shares from every worker's median work seconds per step under the
-        current shares (None: keep them); local, deterministic.
+        current shares (None: keep them); local, deterministic. Called on the first
+        worker only; the changes go to :attr:`history` (which :meth:`observe` shares).
+
+        ``step_seconds``: every worker's median step seconds over the same
+        window (their median is the window's step time). With them, the last
+        change is checked first: the first window after it against the window
+        it was decided on (``measured_step_gain``, set in its history entry
+        with ``checked_at``); steps ``MIN_GAIN`` or more slower undo it (the
+        returned decision has ``undo`` true and goes back to its ``from``
+        shares), and no change follows for ``COOLDOWN`` evaluations (x2 per
+        undo).
 
         Each worker's work is modelled as ``fixed + share x seconds per
         sample``, fitted on the last ``HISTORY`` evaluations
@@ -164,6 +212,11 @@ class BatchBalancer:
         """
         self._observed = (self._observed + [(list(self.shares), [float(w) for w in work])])
         self._observed = self._observed[-HISTORY:]
+        self._evaluations += 1
+        window = float(np.median(step_seconds)) if step_seconds else None
+        undo = self._check(step, window)
+        if undo is not None or self._evaluations <= self._frozen_until:
+            return undo
         fits = [fit_work([o[0][w] for o in self._observed], [o[1][w] for o in self._observed])
                 for w in range(self.workers)]
         fixed, per_sample = [f[0] for f in fits], [f[1] for f in fits]
@@ -173,15 +226,40 @@ class BatchBalancer:
         gain = relative_gain(self.shares, proposed, per_sample, fixed)
         if proposed == self.shares or gain < MIN_GAIN:
             return None
-        return {"step": int(step), "from": list(self.shares), "to": proposed,
-                "seconds_per_sample": per_sample, "fixed_seconds": fixed,
-                "gain": float(gain)}
+        work_now = step_work(self.shares, per_sample, fixed)
+        decision = {"step": int(step), "from": list(self.shares), "to": proposed,
+                    "seconds_per_sample": per_sample, "fixed_seconds": fixed,
+                    "gain": float(gain), "step_seconds": window,
+                    "predicted_step_gain": (float(gain * work_now / window)
+                                            if window else None)}
+        self.history.append(decision)
+        return decision
+
+    def _check(self, step, window) -> dict | None:
+        """Check the last change on the first window run with it; the undo, if due."""
+        last = self.history[-1] if self.history else None
+        if (last is None or last.get("undo") or "checked_at" in last or window is None
+                or not last.get("step_seconds")):
+            return None
+        last["checked_at"] = int(step)
+        last["measured_step_gain"] = measured = float(1.0 - window / last["step_seconds"])
+        if measured > -MIN_GAIN:
+            return None
+        self._undos += 1
+        cooldown = COOLDOWN * 2 ** (self._undos - 1)
+        self._frozen_until = self._evaluations + cooldown
+        undo = {"step": int(step), "from": list(self.shares), "to": list(last["from"]),
+                "undo": True, "undone_step": last["step"], "gain": measured,
+                "cooldown": cooldown, "step_seconds": window}
+        self.history.append(undo)
+        return undo
 
     # ---------------------------------------------------------- checkpoint
     def state(self) -> dict:
         """JSON-able state (checkpoint metadata)."""
         return {"shares": list(self.shares), "history": list(self.history),
-                "observed": list(self._observed)}
+                "observed": list(self._observed), "evaluations": self._evaluations,
+                "undos": self._undos, "frozen_until": self._frozen_until}
 
     def resume(self, path) -> None:
         """Take the shares saved in checkpoint ``path``; **collective** over the workers."""
@@ -197,3 +275,13 @@ class BatchBalancer:
             self.shares = [int(s) for s in shares]
             self.history = list(state.get("history", []))
             self._observed = [(list(a), list(b)) for a, b in state.get("observed", [])]
+            self._evaluations = int(state.get("evaluations", 0))
+            self._undos = int(state.get("undos", 0))
+            self._frozen_until = int(state.get("frozen_until", 0))
+
+
+def _percent(gain) -> str:
+    """``0.12`` -> ``"12 % shorter"``, ``-0.07`` -> ``"7 % longer"``; None -> ``"?"``."""
+    if gain is None:
+        return "?"
+    return f"{100 * abs(gain):.0f} % " + ("shorter" if gain >= 0 else "longer")

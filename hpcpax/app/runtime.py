@@ -50,7 +50,8 @@ class RunTime:
         self.timeline.step(step, began, times, now)
         if self.auto is not None:  # --consistency auto measures every step
             self.auto.note(step, times, local_batch, now - began)
-        decision = self.balance.observe(step, times, local_batch, metrics)
+        decision = self.balance.observe(step, times, local_batch, metrics,
+                                        step_seconds=now - began)
         if decision is not None:
             self.timeline.instant(f"batch shares {decision['to']}", decision)
 

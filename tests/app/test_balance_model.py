@@ -86,3 +86,66 @@ def test_state_round_trip():
     assert other.shares == b.shares and other.state() == b.state()
     other.load({"shares": [1, 2]})  # another worker count: ignored
     assert other.shares == b.shares
+
+
+def test_a_change_is_checked_against_the_next_window():
+    """The first window after a change is measured against the window it was decided on;
+    a change that paid stays, with its measured and predicted step gains side by side."""
+    b = balancer()
+    first = b.decide(10, [0.02, 0.02, 0.04], [0.05, 0.05, 0.05])
+    # proportional: 1e-4, 1e-4, 2e-4 s per sample -> [240, 240, 120]: work 0.04 -> 0.024
+    assert first["to"] == [240, 240, 120]
+    assert first["predicted_step_gain"] == pytest.approx(0.4 * 0.04 / 0.05)
+    b.shares = first["to"]
+    assert b.decide(20, [0.024, 0.024, 0.024], [0.04, 0.041, 0.039]) is None
+    assert b.history[-1] is first and first["checked_at"] == 20
+    assert first["measured_step_gain"] == pytest.approx(1 - 0.04 / 0.05)
+    # checked once: a later window does not overwrite it
+    b.decide(30, [0.024, 0.024, 0.024], [0.06, 0.06, 0.06])
+    assert first["checked_at"] == 20 and not any(d.get("undo") for d in b.history)
+
+
+def test_a_change_that_made_steps_slower_is_undone_and_cools_down():
+    """Steps >= MIN_GAIN slower after a change: back to the shares before it, no change for
+    COOLDOWN evaluations (doubling with each undo), though the model keeps proposing."""
+    from hpcpax.app.balance import COOLDOWN, MIN_GAIN
+
+    b = balancer()
+    work = [0.02, 0.02, 0.04]  # worker 2 twice as slow per sample at even shares
+    change = b.decide(10, work, [0.05] * 3)
+    b.shares = change["to"]
+    slower = 0.05 * (1 + MIN_GAIN) + 1e-3
+    undo = b.decide(20, [0.024] * 3, [slower] * 3)
+    assert undo["undo"] and undo["to"] == [200, 200, 200] and undo["from"] == change["to"]
+    assert undo["undone_step"] == 10 and undo["cooldown"] == COOLDOWN
+    assert change["measured_step_gain"] == pytest.approx(1 - slower / 0.05)
+    b.shares = undo["to"]
+    for evaluation in range(COOLDOWN):  # the even shares' work again: still 'balance it'
+        assert b.decide(30 + 10 * evaluation, work, [0.05] * 3) is None
+    again = b.decide(30 + 10 * COOLDOWN, work, [0.05] * 3)
+    assert again is not None and again["to"] == change["to"]
+    b.shares = again["to"]
+    second = b.decide(40 + 10 * COOLDOWN, [0.024] * 3, [slower] * 3)
+    assert second["undo"] and second["cooldown"] == 2 * COOLDOWN
+    # an undo is not itself checked (its shares were measured before)
+    b.shares = second["to"]
+    assert b.decide(50 + 10 * COOLDOWN, work, [0.2] * 3) is None
+
+
+def test_a_slower_window_within_the_noise_keeps_the_change():
+    from hpcpax.app.balance import MIN_GAIN
+
+    b = balancer()
+    b.shares = b.decide(10, [0.02, 0.02, 0.04], [0.05] * 3)["to"]
+    assert b.decide(20, [0.024] * 3, [0.05 * (1 + MIN_GAIN) - 1e-3] * 3) is None
+    assert b.shares == [240, 240, 120]
+
+
+def test_state_keeps_the_cooldown():
+    b = balancer()
+    b.shares = b.decide(10, [0.02, 0.02, 0.04], [0.05] * 3)["to"]
+    b.shares = b.decide(20, [0.024] * 3, [0.06] * 3)["to"]  # undone
+    other = balancer()
+    other.load(b.state())
+    assert other.state() == b.state() and other.shares == [200, 200, 200]
+    assert other.decide(30, [0.02, 0.02, 0.04], [0.05] * 3) is None  # still cooling down
