@@ -2,22 +2,26 @@
 
 Under BSP a step waits for the slowest worker. With ``--batch-shares speed``
 every worker measures its own work seconds per step (the data and compute
-phases: what grows with its share) and every ``--rebalance-every`` steps the
-workers agree new shares that make them finish together
+phases: what grows with its share) and its step seconds (not on the
+process's first step nor on the plan's measured steps: start-up), and every
+``--rebalance-every`` steps the workers agree new shares that make them
+finish together
 (:func:`hpcpax.plan.shares.balanced_shares`, on a per-worker model
 ``fixed + share x seconds per sample`` fitted to the last evaluations where
 they determine it, else proportional; a correction of uneven shares moves
 no share by more than a quarter of it): the
 medians are gathered, the first worker decides, the decision is broadcast,
-so every rank uses the same shares from the next step on. With
+so every rank uses the same shares from the next step on; a change must
+be predicted to save ``MIN_GAIN`` of the step. With
 ``--batch-shares A,B,...`` the shares are fixed (tests, a known slow worker).
 
 A change is a prediction, and the next evaluation checks it: the median
 step seconds of the first window run with the new shares against those of
 the window the change was decided on (``measured_step_gain`` beside
 ``predicted_step_gain``, logged and written to ``metrics.jsonl``). A change
-after which the steps ran >= ``MIN_GAIN`` *slower* is undone (back to the
-shares before it), and the shares then stay for ``COOLDOWN`` evaluations,
+after which the steps ran >= ``UNDO_LOSS`` *longer* in two windows in a
+row is undone (back to the shares before it), and the shares then stay for
+``COOLDOWN`` evaluations,
 doubling with each undo: on a noisy node a wrong model must not keep moving
 samples to where they cost more.
 
@@ -37,13 +41,18 @@ from ..errors import ConfigError
 from ..plan.shares import (SHARE_TRUST, balanced_shares, even_shares, fit_work,
                            parse_shares, relative_gain, share_ranges, step_work, trusted)
 
-__all__ = ["BatchBalancer", "MIN_GAIN", "COOLDOWN", "check_batch_shares", "check_run_time"]
+__all__ = ["BatchBalancer", "MIN_GAIN", "UNDO_LOSS", "COOLDOWN", "check_batch_shares",
+           "check_run_time"]
 
-#: Shares change only when the new ones are predicted to save this fraction of
-#: the slowest worker's work (measurement noise does not move samples around).
+#: Shares change only when the new ones are predicted to save this fraction of the
+#: step (of the slowest worker's work when step times are not given): measurement
+#: noise does not move samples around.
 MIN_GAIN = 0.05
 #: Evaluations each worker's work model is fitted on (the newest ones).
 HISTORY = 6
+#: A change after which two windows' steps in a row ran this fraction longer is undone
+#: (twice the gain a change must promise; see :meth:`BatchBalancer._check`).
+UNDO_LOSS = 2 * MIN_GAIN
 #: Evaluations without a change after a change was undone (doubling with each undo).
 COOLDOWN = 2
 
@@ -111,6 +120,7 @@ class BatchBalancer:
         self._log = log or (lambda text, important=False: None)
         self._measured = []  # this worker's work seconds per step since the last evaluation
         self._steps = []  # ... and its step seconds
+        self._seen = 0  # steps seen by this process (its first one is not measured)
         self._observed = []  # first worker: [(shares, every worker's median work)], newest last
         self._evaluations = 0  # first worker: evaluations so far
         self._undos = 0  # ... changes undone so far
@@ -132,23 +142,33 @@ class BatchBalancer:
         start, stop = share_ranges(self.shares)[self.index]
         return reader.batch_range(position, self.global_batch, start, stop)
 
-    def observe(self, step, times, local_batch, metrics=None, step_seconds=None) -> dict | None:
+    def observe(self, step, times, local_batch, metrics=None, step_seconds=None,
+                warming=False) -> dict | None:
         """Note one step's phase seconds; every ``every`` steps agree new shares.
 
         **Collective** over the workers at the steps where ``step % every ==
-        0`` under ``speed`` (every worker calls it after every step).
+        0`` under ``speed`` (every worker calls it after every step), unless
+        the window holds no measured step.
         ``step_seconds``: the step's wall seconds (default: the sum of
-        ``times``). Returns the decision when the shares changed (also
+        ``times``). ``warming``: a step not to measure (the plan's measured
+        steps, the same on every worker); the process's first step (start-up,
+        or a resumed run's restart) is not measured either: they ran 1.5-3x
+        slower than the steps after them on a 2-core VM. Returns the decision when the shares changed (also
         written to ``metrics``, a :class:`~hpcpax.app.metrics.MetricsWriter`,
         and logged), else None; the check of the last change is written and
         logged too.
         """
         if not self.adaptive:
             return None
-        self._measured.append(times["data"] + times["compute"])
-        self._steps.append(float(sum(times.values()) if step_seconds is None else step_seconds))
+        self._seen += 1
+        if self._seen > 1 and not warming:
+            self._measured.append(times["data"] + times["compute"])
+            self._steps.append(float(sum(times.values()) if step_seconds is None
+                                     else step_seconds))
         if step % self.every:
             return None
+        if not self._measured:
+            return None  # the window was all warm-up: the same on every worker
         mine = (float(np.median(self._measured)), float(np.median(self._steps)))
         self._measured, self._steps = [], []
         workers = self.topology.workers
@@ -160,16 +180,25 @@ class BatchBalancer:
         decision, history = workers.bcast(outcome, root=0)
         self.history = list(history)  # the first worker's changes and checks, on every worker
         for checked in history[-2:]:
-            if checked.get("checked_at") != int(step):
-                continue
-            if metrics is not None:
-                metrics.write({"step": int(step), "batch_shares_check": {
-                    k: checked.get(k) for k in ("step", "to", "predicted_step_gain",
-                                                "measured_step_gain")}})
-            self._log(f"step {step}: batch shares {checked['to']} (from step "
-                      f"{checked['step']}): steps "
-                      f"{_percent(checked['measured_step_gain'])} (predicted "
-                      f"{_percent(checked['predicted_step_gain'])})", important=True)
+            if checked.get("checked_at") == int(step):
+                if metrics is not None:
+                    metrics.write({"step": int(step), "batch_shares_check": {
+                        k: checked.get(k) for k in ("step", "to", "predicted_step_gain",
+                                                    "measured_step_gain", "suspect")}})
+                self._log(f"step {step}: batch shares {checked['to']} (from step "
+                          f"{checked['step']}): steps "
+                          f"{_percent(checked['measured_step_gain'])} (predicted "
+                          f"{_percent(checked['predicted_step_gain'])})"
+                          + ("; the next window decides whether they stay"
+                             if checked.get("suspect") else ""), important=True)
+            elif checked.get("confirmed_at") == int(step):
+                if metrics is not None:
+                    metrics.write({"step": int(step), "batch_shares_check": {
+                        k: checked.get(k) for k in ("step", "to", "confirmed_step_gain")}})
+                if not decision or not decision.get("undo"):
+                    self._log(f"step {step}: batch shares {checked['to']}: steps "
+                              f"{_percent(checked['confirmed_step_gain'])} in the next "
+                              "window: kept", important=True)
         if decision is not None:
             self.shares = list(decision["to"])
             if metrics is not None:
@@ -185,7 +214,10 @@ class BatchBalancer:
                       + "; fixed seconds " + ", ".join(
                           f"{t:.3g}" for t in decision["fixed_seconds"])
                       + f"; predicted to save {100 * decision['gain']:.0f} % of the slowest "
-                      "worker's work", important=True)
+                      "worker's work" + (
+                          f", {100 * decision['predicted_step_gain']:.0f} % of a step"
+                          if decision.get("predicted_step_gain") is not None else ""),
+                      important=True)
         return decision
 
     def decide(self, step, work, step_seconds=None) -> dict | None:
@@ -197,7 +229,8 @@ class BatchBalancer:
         window (their median is the window's step time). With them, the last
         change is checked first: the first window after it against the window
         it was decided on (``measured_step_gain``, set in its history entry
-        with ``checked_at``); steps ``MIN_GAIN`` or more slower undo it (the
+        with ``checked_at``); steps ``UNDO_LOSS`` or more longer in that window
+        and the next undo it (:meth:`_check`; the
         returned decision has ``undo`` true and goes back to its ``from``
         shares), and no change follows for ``COOLDOWN`` evaluations (x2 per
         undo).
@@ -224,32 +257,51 @@ class BatchBalancer:
         if not self.even:
             proposed = trusted(self.shares, proposed, SHARE_TRUST)
         gain = relative_gain(self.shares, proposed, per_sample, fixed)
-        if proposed == self.shares or gain < MIN_GAIN:
-            return None
         work_now = step_work(self.shares, per_sample, fixed)
+        step_gain = float(gain * work_now / window) if window else None
+        # the gate: a share of the step when it is measured (the slowest worker's work
+        # alone is a small part of a step where communication dominates)
+        if proposed == self.shares or (gain if step_gain is None else step_gain) < MIN_GAIN:
+            return None
         decision = {"step": int(step), "from": list(self.shares), "to": proposed,
                     "seconds_per_sample": per_sample, "fixed_seconds": fixed,
                     "gain": float(gain), "step_seconds": window,
-                    "predicted_step_gain": (float(gain * work_now / window)
-                                            if window else None)}
+                    "predicted_step_gain": step_gain}
         self.history.append(decision)
         return decision
 
     def _check(self, step, window) -> dict | None:
-        """Check the last change on the first window run with it; the undo, if due."""
+        """Check the last change on the windows run with it; the undo, if due.
+
+        The first window after the change sets its ``measured_step_gain``.
+        Steps ``UNDO_LOSS`` longer make it *suspect*: no new change, and the
+        next window decides (``confirmed_step_gain``): longer again, undone;
+        else kept. One window's median moves by more than ``UNDO_LOSS`` now
+        and then on a shared node (in one in four consecutive 10-step windows
+        of a run with fixed shares here); twice in a row is rarer.
+        """
         last = self.history[-1] if self.history else None
-        if (last is None or last.get("undo") or "checked_at" in last or window is None
-                or not last.get("step_seconds")):
+        if last is None or last.get("undo") or window is None or not last.get("step_seconds"):
             return None
-        last["checked_at"] = int(step)
-        last["measured_step_gain"] = measured = float(1.0 - window / last["step_seconds"])
-        if measured > -MIN_GAIN:
+        measured = float(1.0 - window / last["step_seconds"])
+        if "checked_at" not in last:
+            last["checked_at"] = int(step)
+            last["measured_step_gain"] = measured
+            last["suspect"] = measured <= -UNDO_LOSS
+            if last["suspect"]:
+                self._frozen_until = max(self._frozen_until, self._evaluations)
+            return None
+        if not last.get("suspect") or "confirmed_step_gain" in last:
+            return None
+        last["confirmed_at"], last["confirmed_step_gain"] = int(step), measured
+        if measured > -UNDO_LOSS:
             return None
         self._undos += 1
         cooldown = COOLDOWN * 2 ** (self._undos - 1)
         self._frozen_until = self._evaluations + cooldown
         undo = {"step": int(step), "from": list(self.shares), "to": list(last["from"]),
-                "undo": True, "undone_step": last["step"], "gain": measured,
+                "undo": True, "undone_step": last["step"],
+                "gain": min(measured, last["measured_step_gain"]),
                 "cooldown": cooldown, "step_seconds": window}
         self.history.append(undo)
         return undo

@@ -51,7 +51,8 @@ class RunTime:
         if self.auto is not None:  # --consistency auto measures every step
             self.auto.note(step, times, local_batch, now - began)
         decision = self.balance.observe(step, times, local_batch, metrics,
-                                        step_seconds=now - began)
+                                        step_seconds=now - began,
+                                        warming=self.trainer.planning.measuring)
         if decision is not None:
             self.timeline.instant(f"batch shares {decision['to']}", decision)
 

@@ -75,6 +75,15 @@ class PlanController:
         from ..comm.fabric import Fabric, measure_fabric
 
         config = self.trainer.config
+        resumed = self._resumable_plan()
+        if resumed is not None:
+            # the plan is taken from plan.json (start): nothing will price a new one
+            fabric = resumed.get("fabric")
+            self.fabric = Fabric.from_dict(fabric) if fabric else None
+            self.model_fabric = self.fabric
+            self.trainer.log("resume: plan.json holds the measured plan; the fabric and the "
+                             "cost model's constants are not measured again")
+            return
         if self.mode == "auto" and config.get("plan_calibrate", False):
             from .calibrate import calibrate, cost_params
 
@@ -86,6 +95,29 @@ class PlanController:
             return
         self.fabric = measure_fabric(self.trainer.topology, budget_s=config["fabric_seconds"])
         self.model_fabric = self.fabric
+
+    def _resumable_plan(self):
+        """``plan.json``'s dict when a resumed run will take it and never plan again (no
+        ``replan_every``), else None; **collective** over every rank (the calibration
+        it spares is: servers too)."""
+        import json
+        import os
+
+        trainer, config = self.trainer, self.trainer.config
+        if not config.get("resume") or config.get("replan_every"):
+            return None
+        topo = trainer.topology
+        leader = topo.worker_ranks[0]
+        plan = None
+        if topo.rank == leader:
+            try:
+                with open(os.path.join(trainer.run_dir, "plan.json"), encoding="utf-8") as handle:
+                    plan = json.load(handle)
+                if plan.get("search", {}).get("mode") not in MEASURED_MODES:
+                    plan = None  # written before the measurement ended
+            except (OSError, ValueError, AttributeError):
+                plan = None
+        return topo.comm.bcast(plan, root=leader)
 
     def start(self, first_step: int, resumed: bool = False) -> None:
         """Begin measuring sparsity at ``first_step`` (workers; collective).

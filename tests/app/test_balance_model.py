@@ -105,46 +105,65 @@ def test_a_change_is_checked_against_the_next_window():
     assert first["checked_at"] == 20 and not any(d.get("undo") for d in b.history)
 
 
-def test_a_change_that_made_steps_slower_is_undone_and_cools_down():
-    """Steps >= MIN_GAIN slower after a change: back to the shares before it, no change for
-    COOLDOWN evaluations (doubling with each undo), though the model keeps proposing."""
-    from hpcpax.app.balance import COOLDOWN, MIN_GAIN
+def test_a_change_that_made_steps_slower_twice_is_undone_and_cools_down():
+    """Steps >= UNDO_LOSS longer in the two windows after a change: back to the shares
+    before it, no change for COOLDOWN evaluations (doubling with each undo), though the
+    model keeps proposing."""
+    from hpcpax.app.balance import COOLDOWN, UNDO_LOSS
 
     b = balancer()
     work = [0.02, 0.02, 0.04]  # worker 2 twice as slow per sample at even shares
     change = b.decide(10, work, [0.05] * 3)
     b.shares = change["to"]
-    slower = 0.05 * (1 + MIN_GAIN) + 1e-3
-    undo = b.decide(20, [0.024] * 3, [slower] * 3)
+    slower = 0.05 * (1 + UNDO_LOSS) + 1e-3
+    # the first window: suspect, and no new change (the model would correct the shares)
+    assert b.decide(20, [0.03, 0.024, 0.024], [slower] * 3) is None
+    assert change["suspect"] and change["measured_step_gain"] == pytest.approx(1 - slower / 0.05)
+    undo = b.decide(30, [0.024] * 3, [slower] * 3)
     assert undo["undo"] and undo["to"] == [200, 200, 200] and undo["from"] == change["to"]
     assert undo["undone_step"] == 10 and undo["cooldown"] == COOLDOWN
-    assert change["measured_step_gain"] == pytest.approx(1 - slower / 0.05)
+    assert change["confirmed_at"] == 30
     b.shares = undo["to"]
     for evaluation in range(COOLDOWN):  # the even shares' work again: still 'balance it'
-        assert b.decide(30 + 10 * evaluation, work, [0.05] * 3) is None
-    again = b.decide(30 + 10 * COOLDOWN, work, [0.05] * 3)
+        assert b.decide(40 + 10 * evaluation, work, [0.05] * 3) is None
+    again = b.decide(40 + 10 * COOLDOWN, work, [0.05] * 3)
     assert again is not None and again["to"] == change["to"]
     b.shares = again["to"]
-    second = b.decide(40 + 10 * COOLDOWN, [0.024] * 3, [slower] * 3)
+    assert b.decide(50 + 10 * COOLDOWN, [0.024] * 3, [slower] * 3) is None
+    second = b.decide(60 + 10 * COOLDOWN, [0.024] * 3, [slower] * 3)
     assert second["undo"] and second["cooldown"] == 2 * COOLDOWN
     # an undo is not itself checked (its shares were measured before)
     b.shares = second["to"]
-    assert b.decide(50 + 10 * COOLDOWN, work, [0.2] * 3) is None
+    assert b.decide(70 + 10 * COOLDOWN, work, [0.2] * 3) is None
+    assert b.decide(80 + 10 * COOLDOWN, work, [0.2] * 3) is None
+
+
+def test_one_slow_window_after_a_change_keeps_it():
+    from hpcpax.app.balance import UNDO_LOSS
+
+    b = balancer()
+    change = b.decide(10, [0.02, 0.02, 0.04], [0.05] * 3)
+    b.shares = change["to"]
+    assert b.decide(20, [0.024] * 3, [0.05 * (1 + UNDO_LOSS) + 1e-3] * 3) is None
+    assert b.decide(30, [0.024] * 3, [0.045] * 3) is None
+    assert change["confirmed_step_gain"] == pytest.approx(0.1) and b.shares == [240, 240, 120]
+    assert not any(d.get("undo") for d in b.history)
 
 
 def test_a_slower_window_within_the_noise_keeps_the_change():
-    from hpcpax.app.balance import MIN_GAIN
+    from hpcpax.app.balance import UNDO_LOSS
 
     b = balancer()
     b.shares = b.decide(10, [0.02, 0.02, 0.04], [0.05] * 3)["to"]
-    assert b.decide(20, [0.024] * 3, [0.05 * (1 + MIN_GAIN) - 1e-3] * 3) is None
+    assert b.decide(20, [0.024] * 3, [0.05 * (1 + UNDO_LOSS) - 1e-3] * 3) is None
     assert b.shares == [240, 240, 120]
 
 
 def test_state_keeps_the_cooldown():
     b = balancer()
     b.shares = b.decide(10, [0.02, 0.02, 0.04], [0.05] * 3)["to"]
-    b.shares = b.decide(20, [0.024] * 3, [0.06] * 3)["to"]  # undone
+    assert b.decide(20, [0.024] * 3, [0.07] * 3) is None  # suspect
+    b.shares = b.decide(30, [0.024] * 3, [0.07] * 3)["to"]  # undone
     other = balancer()
     other.load(b.state())
     assert other.state() == b.state() and other.shares == [200, 200, 200]

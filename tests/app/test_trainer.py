@@ -72,6 +72,10 @@ def test_resume_is_bit_identical(comm, stopped_at_15, uninterrupted):
     assert ckpt.latest(run_dir).endswith("step_000015")
     resumed = run(comm, steps=30, resume=True, run_dir=run_dir)
     assert comm.allreduce(resumed.summary.get("start_step", 16) == 16, op=MPI.LAND)
+    # the measured plan came from plan.json: no calibration (a fresh auto run has one)
+    fresh = run(comm, steps=1, run_dir=run_dir + "-fresh")
+    assert comm.allreduce(resumed.planning.params is None and resumed.planning.plan is not None
+                          and fresh.planning.params is not None, op=MPI.LAND)
     assert same(final_parameters(comm, resumed), uninterrupted[0], exact=True)
     if comm.Get_rank() == 0:  # metrics.jsonl holds each step once
         from hpcpax.app.metrics import read_metrics
