@@ -74,7 +74,8 @@ def test_resume_is_bit_identical(comm, stopped_at_15, uninterrupted):
     assert comm.allreduce(resumed.summary.get("start_step", 16) == 16, op=MPI.LAND)
     # the measured plan came from plan.json: no calibration (a fresh auto run has one)
     fresh = run(comm, steps=1, run_dir=run_dir + "-fresh")
-    assert comm.allreduce(resumed.planning.params is None and resumed.planning.plan is not None
+    holds_plan = resumed.topology.is_server or resumed.planning.plan is not None
+    assert comm.allreduce(resumed.planning.params is None and holds_plan
                           and fresh.planning.params is not None, op=MPI.LAND)
     assert same(final_parameters(comm, resumed), uninterrupted[0], exact=True)
     if comm.Get_rank() == 0:  # metrics.jsonl holds each step once
