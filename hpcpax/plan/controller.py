@@ -24,6 +24,9 @@ the parameters and are written to ``metrics.jsonl``.
 
 from __future__ import annotations
 
+import json
+import os
+
 import numpy as np
 
 from ..backend import to_host
@@ -75,15 +78,15 @@ class PlanController:
         from ..comm.fabric import Fabric, measure_fabric
 
         config = self.trainer.config
-        resumed = self._resumable_plan()
-        if resumed is not None:
-            # the plan is taken from plan.json (start): nothing will price a new one
-            fabric = resumed.get("fabric")
-            self.fabric = Fabric.from_dict(fabric) if fabric else None
-            self.model_fabric = self.fabric
-            self.trainer.log("resume: plan.json holds the measured plan; the fabric and the "
-                             "cost model's constants are not measured again")
-            return
+        if config.get("resume") and not config.get("replan_every"):
+            # a plan start() takes from plan.json: nothing will price a new one
+            text = measured_plan_text(self.trainer, self.trainer.topology.comm)
+            if text is not None:
+                fabric = json.loads(text).get("fabric")
+                self.fabric = self.model_fabric = Fabric.from_dict(fabric) if fabric else None
+                self.trainer.log("resume: plan.json holds the measured plan; the fabric and "
+                                 "the cost model's constants are not measured again")
+                return
         if self.mode == "auto" and config.get("plan_calibrate", False):
             from .calibrate import calibrate, cost_params
 
@@ -95,29 +98,6 @@ class PlanController:
             return
         self.fabric = measure_fabric(self.trainer.topology, budget_s=config["fabric_seconds"])
         self.model_fabric = self.fabric
-
-    def _resumable_plan(self):
-        """``plan.json``'s dict when a resumed run will take it and never plan again (no
-        ``replan_every``), else None; **collective** over every rank (the calibration
-        it spares is: servers too)."""
-        import json
-        import os
-
-        trainer, config = self.trainer, self.trainer.config
-        if not config.get("resume") or config.get("replan_every"):
-            return None
-        topo = trainer.topology
-        leader = topo.worker_ranks[0]
-        plan = None
-        if topo.rank == leader:
-            try:
-                with open(os.path.join(trainer.run_dir, "plan.json"), encoding="utf-8") as handle:
-                    plan = json.load(handle)
-                if plan.get("search", {}).get("mode") not in MEASURED_MODES:
-                    plan = None  # written before the measurement ended
-            except (OSError, ValueError, AttributeError):
-                plan = None
-        return topo.comm.bcast(plan, root=leader)
 
     def start(self, first_step: int, resumed: bool = False) -> None:
         """Begin measuring sparsity at ``first_step`` (workers; collective).
@@ -132,23 +112,10 @@ class PlanController:
         self._begin_measuring(first_step)
 
     def _resume_plan(self) -> bool:
-        import json
-        import os
-
         from . import Plan
 
         trainer = self.trainer
-        text = None
-        if trainer.is_leader:
-            path = os.path.join(trainer.run_dir, "plan.json")
-            try:
-                with open(path, encoding="utf-8") as handle:
-                    text = handle.read()
-                if json.loads(text).get("search", {}).get("mode") not in MEASURED_MODES:
-                    text = None  # written before the measurement ended
-            except (OSError, ValueError, AttributeError):
-                text = None
-        text = trainer.topology.workers.bcast(text, root=0)
+        text = measured_plan_text(trainer, trainer.topology.workers)
         if text is None:
             return False
         self.plan = Plan.from_json(text)
@@ -414,3 +381,21 @@ class PlanController:
                 break
         trainer.write_plan()
         return step
+
+
+def measured_plan_text(trainer, comm):
+    """The text of the run directory's ``plan.json`` when a measured mode (``auto``,
+    ``hybrid``) made it, else None (none, unreadable, or written before the measurement
+    ended); read by the first worker, broadcast over ``comm`` (which holds it);
+    **collective** over ``comm``."""
+    text = None
+    if trainer.is_leader:
+        try:
+            with open(os.path.join(trainer.run_dir, "plan.json"), encoding="utf-8") as handle:
+                text = handle.read()
+            if json.loads(text).get("search", {}).get("mode") not in MEASURED_MODES:
+                text = None
+        except (OSError, ValueError, AttributeError):
+            text = None
+    root = trainer.topology.worker_ranks[0] if comm is trainer.topology.comm else 0
+    return comm.bcast(text, root=root)
