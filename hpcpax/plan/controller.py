@@ -72,7 +72,9 @@ class PlanController:
     def measure_fabric(self) -> None:
         """Alpha-beta fabric measurement; **collective** over every rank. ``auto`` with
         ``plan_calibrate`` times all the model's constants (:func:`~hpcpax.plan.calibrate.
-        calibrate`: what cost_model_check validates); else kernel rates on one rank."""
+        calibrate`: what cost_model_check validates); else kernel rates on one rank.
+        Nothing is measured when a resumed run will take the measured plan in
+        ``plan.json`` and never re-plan (only its fabric is read back)."""
         if self.mode is None:
             return
         from ..comm.fabric import Fabric, measure_fabric
@@ -80,7 +82,8 @@ class PlanController:
         config = self.trainer.config
         if config.get("resume") and not config.get("replan_every"):
             # a plan start() takes from plan.json: nothing will price a new one
-            text = measured_plan_text(self.trainer, self.trainer.topology.comm)
+            topo = self.trainer.topology
+            text = measured_plan_text(self.trainer, topo.comm, topo.worker_ranks[0])
             if text is not None:
                 fabric = json.loads(text).get("fabric")
                 self.fabric = self.model_fabric = Fabric.from_dict(fabric) if fabric else None
@@ -115,7 +118,7 @@ class PlanController:
         from . import Plan
 
         trainer = self.trainer
-        text = measured_plan_text(trainer, trainer.topology.workers)
+        text = measured_plan_text(trainer, trainer.topology.workers, 0)
         if text is None:
             return False
         self.plan = Plan.from_json(text)
@@ -383,11 +386,11 @@ class PlanController:
         return step
 
 
-def measured_plan_text(trainer, comm):
+def measured_plan_text(trainer, comm, root):
     """The text of the run directory's ``plan.json`` when a measured mode (``auto``,
     ``hybrid``) made it, else None (none, unreadable, or written before the measurement
-    ended); read by the first worker, broadcast over ``comm`` (which holds it);
-    **collective** over ``comm``."""
+    ended); read by the first worker (rank ``root`` of ``comm``), broadcast over
+    ``comm``; **collective** over ``comm``."""
     text = None
     if trainer.is_leader:
         try:
@@ -397,5 +400,4 @@ def measured_plan_text(trainer, comm):
                 text = None
         except (OSError, ValueError, AttributeError):
             text = None
-    root = trainer.topology.worker_ranks[0] if comm is trainer.topology.comm else 0
     return comm.bcast(text, root=root)

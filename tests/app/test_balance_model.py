@@ -168,3 +168,34 @@ def test_state_keeps_the_cooldown():
     other.load(b.state())
     assert other.state() == b.state() and other.shares == [200, 200, 200]
     assert other.decide(30, [0.02, 0.02, 0.04], [0.05] * 3) is None  # still cooling down
+
+
+class _ThreeWorkers:
+    """The workers' communicator seen from worker 0 of three identical workers."""
+
+    def __init__(self):
+        self.gathered = []
+
+    def gather(self, value, root=0):
+        self.gathered.append(value)
+        return [value] * 3
+
+    def bcast(self, value, root=0):
+        return value
+
+
+def test_the_first_step_and_warming_steps_are_not_measured():
+    """observe: the process's first step (start-up) and the plan's measured steps
+    (``warming``) stay out of the window's medians; a window of warm-up only is not
+    evaluated (no collective)."""
+    workers = _ThreeWorkers()
+    topology = SimpleNamespace(num_workers=3, worker_index=0, workers=workers)
+    b = BatchBalancer("speed", 5, topology, 600)
+    slow = {"data": 1.0, "compute": 1.0, "pull": 1.0}
+    for step in range(1, 6):  # step 1 and the warming steps 2-5: nothing measured
+        assert b.observe(step, slow, 200, warming=step > 1) is None
+    assert workers.gathered == []
+    for step, work in zip(range(6, 11), (0.010, 0.012, 0.011, 0.013, 0.014)):
+        b.observe(step, {"data": 0.0, "compute": work, "pull": 0.002}, 200,
+                  step_seconds=work + 0.005)
+    assert workers.gathered == [(pytest.approx(0.012), pytest.approx(0.017))]
