@@ -74,8 +74,7 @@ def setup(trainer):
         raise ConfigError("consistency 'auto' needs server ranks (servers_per_node >= 1, "
                           "and at least one worker beside them, e.g. mpirun -n 3): its ssp "
                           "segments run on the relaxed parameter server")
-    trainer.stragglers = Stragglers(config["straggler"], config["stalls"], topo.rank,
-                                    config["seed"])
+    trainer.stragglers = Stragglers.for_topology(config, topo)
     relaxed, rsync = relaxed_run.relaxed_parts(trainer, f"ssp:{MAX_STALENESS}")
     trainer.commands.handlers["auto_staleness"] = lambda staleness: _set_staleness(
         relaxed, staleness)

@@ -117,8 +117,8 @@ FLAGS = (
          "at run time from the replicas' measured divergence)"),
     Flag("consistency_groups", "str", "worker", "what a relaxed model relaxes: each worker "
          "against the others, or whole nodes (BSP inside a node)", ("worker", "node")),
-    Flag("straggler", "str", None, "RANK:FACTOR[,...]: that world rank sleeps (FACTOR - 1) x "
-         "its compute time every step (tests, benchmarks)"),
+    Flag("straggler", "str", None, "RANK:FACTOR[,...]: that world rank (a worker's) sleeps "
+         "(FACTOR - 1) x its compute time every step (tests, benchmarks)"),
     Flag("stalls", "str", None, "P:FACTOR: every worker sleeps (FACTOR - 1) x its compute time "
          "on a random fraction P of its steps (tests, benchmarks)"),
     Flag("batch_shares", "str", None, "each worker's share of the global batch, 'A,B,...' "

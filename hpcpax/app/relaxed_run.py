@@ -71,8 +71,7 @@ def setup(trainer):
     channel exist. Returns a :class:`RelaxedRun`, or None under ``bsp``.
     """
     config, topo = trainer.config, trainer.topology
-    trainer.stragglers = Stragglers(config["straggler"], config["stalls"], topo.rank,
-                                    config["seed"])
+    trainer.stragglers = Stragglers.for_topology(config, topo)
     default, per_variable = parse_consistency_spec(config["consistency"],
                                                    list(trainer.sync.variables))
     if not (default.relaxed or any(m.relaxed for m in per_variable.values())):

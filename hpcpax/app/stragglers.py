@@ -20,7 +20,7 @@ import numpy as np
 
 from ..errors import ConfigError
 
-__all__ = ["Stragglers", "parse_straggler", "parse_stalls"]
+__all__ = ["Stragglers", "parse_straggler", "parse_stalls", "check_straggler_ranks"]
 
 
 def _factor(text, where) -> float:
@@ -51,6 +51,24 @@ def parse_straggler(spec) -> dict:
             raise ConfigError(f"straggler {spec!r}: RANK must be an int >= 0, not {rank}")
         out[rank] = _factor(factor, f"straggler {spec!r}")
     return out
+
+
+def check_straggler_ranks(straggler, size, worker_ranks) -> None:
+    """Raise :class:`ConfigError` unless every ``--straggler`` rank is a worker rank.
+
+    A rank beyond the job, or a server rank (servers do not compute steps, so
+    they never sleep), would make the flag a silent no-op. Every rank checks
+    the same config against the same topology, so all raise together.
+    """
+    slow = straggler if isinstance(straggler, dict) else parse_straggler(straggler)
+    workers = sorted(int(r) for r in worker_ranks)
+    for rank in sorted(slow):
+        if rank >= int(size):
+            raise ConfigError(f"straggler rank {rank} is not in this job of {size} ranks "
+                              f"(worker ranks: {workers})")
+        if rank not in workers:
+            raise ConfigError(f"straggler rank {rank} is a server rank; stragglers slow "
+                              f"workers (worker ranks: {workers})")
 
 
 def parse_stalls(spec) -> tuple:
@@ -90,6 +108,14 @@ class Stragglers:
         #: Seconds slept so far, and stalls taken.
         self.slept = 0.0
         self.stalls = 0
+
+    @classmethod
+    def for_topology(cls, config, topology):
+        """This rank's stragglers from a run's ``config`` (``straggler``, ``stalls``,
+        ``seed``), its straggler ranks checked against ``topology``
+        (:func:`check_straggler_ranks`)."""
+        check_straggler_ranks(config["straggler"], topology.size, topology.worker_ranks)
+        return cls(config["straggler"], config["stalls"], topology.rank, config["seed"])
 
     @property
     def active(self) -> bool:

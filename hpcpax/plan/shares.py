@@ -169,8 +169,10 @@ def parse_shares(spec, global_batch, workers) -> list | None:
     else:
         values = [int(v) for v in spec]
     if len(values) != workers or any(v < 1 for v in values) or sum(values) != global_batch:
-        raise ConfigError(f"batch_shares must be {workers} positive ints summing to the global "
-                          f"batch {global_batch}, not {spec!r}")
+        raise ConfigError(f"batch_shares must be one positive int per worker ({workers} "
+                          f"worker{'s' if workers != 1 else ''} here) summing to the global "
+                          f"batch {global_batch}, not {spec!r} ({len(values)} values summing "
+                          f"to {sum(values)})")
     return values
 
 

@@ -105,13 +105,17 @@ def test_asp_preempted_on_one_worker_checkpoints_and_resumes(comm, tmp_path, all
 @pytest.mark.mpi(min_size=2)
 @pytest.mark.timeout(120)
 def test_relaxed_runs_refuse_what_they_cannot_do(comm, tmp_path, all_ok):
-    """No server rank, or a replicated method: refused on every rank, by name."""
+    """No server rank, a replicated method, or a straggler rank beyond the job: refused on
+    every rank, by name."""
     with pytest.raises(ConfigError, match="needs server ranks"):
         run(comm, steps=2, consistency="asp", servers_per_node=0,
             run_dir=shared_dir(comm, tmp_path, "noserver"))
     with pytest.raises(ConfigError, match="synced by 'allgather'"):
         run(comm, steps=2, consistency="ssp:1", plan="allgather",
             run_dir=shared_dir(comm, tmp_path, "allgather"))
+    with pytest.raises(ConfigError, match=f"straggler rank {comm.Get_size()} is not in"):
+        run(comm, steps=2, straggler=f"{comm.Get_size()}:2",
+            run_dir=shared_dir(comm, tmp_path, "nosuchrank"))
     assert all_ok(True)
 
 

@@ -5,7 +5,7 @@ import time
 import numpy as np
 import pytest
 
-from hpcpax.app.stragglers import Stragglers, parse_stalls, parse_straggler
+from hpcpax.app.stragglers import Stragglers, check_straggler_ranks, parse_stalls, parse_straggler
 from hpcpax.comm.polling import Backoff
 from hpcpax.errors import ConfigError
 from hpcpax.ps import relaxed_wire as wire
@@ -114,6 +114,15 @@ def test_straggler_specs():
     for bad, message in (("0.5", "P:FACTOR"), ("2:3", "probability"), ("0.1:x", "FACTOR")):
         with pytest.raises(ConfigError, match=message):
             parse_stalls(bad)
+
+
+def test_straggler_ranks_must_be_workers_of_the_job():
+    check_straggler_ranks("1:2,3:2", 4, [1, 2, 3])  # servers: rank 0
+    check_straggler_ranks(None, 1, [0])
+    with pytest.raises(ConfigError, match="rank 9 is not in this job of 4 ranks"):
+        check_straggler_ranks("9:2", 4, [1, 2, 3])
+    with pytest.raises(ConfigError, match=r"rank 0 is a server rank.*\[1, 2, 3\]"):
+        check_straggler_ranks({0: 2.0}, 4, [1, 2, 3])
 
 
 def test_stragglers_sleep_their_factor_and_stall_the_same_steps():
