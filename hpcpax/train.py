@@ -15,11 +15,15 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 
 from .app.config import parse_args
 from .errors import ConfigError
 
 __all__ = ["main"]
+
+#: Seconds a failing rank waits between printing its error and ``MPI_Abort``.
+ABORT_GRACE_S = 0.5
 
 
 def _world_rank():
@@ -70,7 +74,8 @@ def _main_aborting_on_error() -> int:
         from .errors import HpcpaxError
 
         if isinstance(exc, HpcpaxError):  # a diagnosed problem: its message says it all
-            print(f"hpcpax.train: error on rank {_world_rank()}: {exc}", file=sys.stderr)
+            # one write, newline included: another rank's abort may kill this one at once
+            sys.stderr.write(f"hpcpax.train: error on rank {_world_rank()}: {exc}\n")
         else:
             import traceback
 
@@ -80,6 +85,9 @@ def _main_aborting_on_error() -> int:
             from mpi4py import MPI
 
             if MPI.Is_initialized() and not MPI.Is_finalized() and MPI.COMM_WORLD.Get_size() > 1:
+                # mpiexec forwards each rank's stderr; an immediate abort can kill the job
+                # before the message above is through (seen with errors raised on every rank)
+                time.sleep(ABORT_GRACE_S)
                 MPI.COMM_WORLD.Abort(1)
         except ImportError:  # pragma: no cover
             pass

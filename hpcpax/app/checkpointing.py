@@ -220,7 +220,7 @@ class RunCheckpoints:
         meta = ckpt.read_meta(path)
         if meta.get("training_fingerprint") != self.training_fingerprint():
             saved = meta.get("config", {})
-            differ = [f"{k}={saved.get(k)!r} there, {self.config[k]!r} now"
+            differ = [f"{k}={_shown(saved.get(k))} there, {_shown(self.config[k])} now"
                       for k in TRAINING_KEYS if k != "data" and saved.get(k) != self.config[k]]
             if self.config["data"] is not None and \
                     meta.get("data_fingerprint") != self.data_fingerprint:
@@ -250,3 +250,8 @@ def _load_dense(path, dense, dense_state, optimizer, xp) -> None:
             # the optimizer's scalar slots (Adam's step) stay host arrays
             saved = state[name][slot]
             value[...] = saved if slot in optimizer.scalar_slots else xp.asarray(saved)
+
+
+def _shown(value) -> str:
+    """A setting as a mismatch message shows it (None: the flag was not given)."""
+    return "unset (the model's default)" if value is None else repr(value)

@@ -231,6 +231,20 @@ def test_resume_follows_the_data_file_content_not_its_path(tmp_path):
                  "resume": True}, comm=MPI.COMM_SELF).run()
 
 
+def test_resume_with_other_flags_names_each_setting_as_given(tmp_path):
+    """A changed flag is named with both values; a flag not given reads as unset."""
+    config = {k: v for k, v in SMALL.items() if k != "emb_dim"}
+    run_dir = tmp_path / "run"
+    Trainer({**config, "run_dir": str(run_dir), "steps": 2, "checkpoint_every": 2},
+            comm=MPI.COMM_SELF).run()
+    for changed, message in (({"emb_dim": 8}, r"emb_dim=unset \(the model's default\) "
+                                               r"there, 8 now"),
+                             ({"hidden": [32]}, r"hidden=\[16\] there, \[32\] now")):
+        with pytest.raises(MismatchError, match=message):
+            Trainer({**config, **changed, "run_dir": str(run_dir), "steps": 3,
+                     "resume": True}, comm=MPI.COMM_SELF).run()
+
+
 def test_plan_json_follows_the_umask(tmp_path):
     old = os.umask(0o022)
     try:
