@@ -192,8 +192,7 @@ def check_dense_memory(shapes, dtype, row_slots) -> None:
 
 def config_lines(topology, run_dir, model, config, plan) -> str:
     """The lines the first worker prints before training."""
-    lines = [f"hpcpax.train: {topology.size} ranks ({len(topology.server_ranks)} servers, "
-             f"{topology.num_workers} workers, {topology.num_nodes} nodes), run dir {run_dir}",
+    lines = [f"hpcpax.train: {topology.counts()}, run dir {run_dir}",
              f"  model: {model!r}"]
     lines += [f"  {k} = {json.dumps(v)}" for k, v in config.items() if v is not None]
     lines.append("  plan: " + ", ".join(

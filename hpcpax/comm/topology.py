@@ -120,6 +120,13 @@ class Topology:
             "worker_ranks": list(self.worker_ranks),
         }
 
+    def counts(self) -> str:
+        """``"4 ranks (1 server, 3 workers, 1 node)"``: the layout in words."""
+        def count(n, word):
+            return f"{n} {word}" + ("" if n == 1 else "s")
+        return (f"{count(self.size, 'rank')} ({count(len(self.server_ranks), 'server')}, "
+                f"{count(self.num_workers, 'worker')}, {count(self.num_nodes, 'node')})")
+
     def free(self) -> None:
         """Free the communicators :func:`init` created (collective)."""
         for name in ("node_leaders", "node_workers", "servers", "workers", "node_comm", "comm"):

@@ -154,8 +154,7 @@ def _summary(session, plan) -> str:
                        + ("" if i["sparse"] else " (sparse=False: row gradients made sparse)")
                        for n, i in layout.tables.items()) or "none"
     values = sum(p.numel() for p in layout.dense.values())
-    return (f"hpcpax.torch: {topo.size} ranks ({len(topo.server_ranks)} servers, "
-            f"{topo.num_workers} workers, {topo.num_nodes} nodes); plan {plan}; tables: "
+    return (f"hpcpax.torch: {topo.counts()}; plan {plan}; tables: "
             f"{tables}; {len(layout.dense)} dense parameters ({values:,} values) through "
             "the fused allreduce")
 

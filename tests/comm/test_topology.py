@@ -65,6 +65,11 @@ def _check_invariants(topo, ranks_per_node, servers_per_node):
         ok &= _members(topo.node_leaders) == leaders
     ok &= topo.accounting is not None and list(topo.accounting.node_of) == list(topo.node_of)
     ok &= topo.describe()["worker_ranks"] == topo.worker_ranks
+    servers, workers = len(topo.server_ranks), topo.num_workers
+    ok &= topo.counts() == (f"{size} rank{'s' * (size != 1)} ({servers} "
+                            f"server{'s' * (servers != 1)}, {workers} worker"
+                            f"{'s' * (workers != 1)}, {topo.num_nodes} "
+                            f"node{'s' * (topo.num_nodes != 1)})")
     return ok
 
 

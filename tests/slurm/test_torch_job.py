@@ -46,7 +46,7 @@ def test_torch_example_under_srun_equals_one_process(tmp_path):
                            str(job)], capture_output=True, text=True, timeout=560)
     output = "".join(p.read_text() for p in tmp_path.glob("slurm-*.out"))
     assert done.returncode == 0, done.stderr[-2000:] + output[-3000:]
-    assert "hpcpax.torch: 4 ranks (1 servers, 3 workers" in output
+    assert "hpcpax.torch: 4 ranks (1 server, 3 workers" in output
     sys.path.insert(0, str(ROOT / "examples"))
     try:
         import torch_dlrm
