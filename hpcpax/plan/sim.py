@@ -44,7 +44,7 @@ from importlib import resources
 
 import numpy as np
 
-from ..errors import ConfigError
+from ..errors import ConfigError, HpcpaxError
 from ..comm.fabric import Fabric, LinkModel
 from .auto import make_plan
 from .cost_model import ClusterShape, CostParams, VarSpec
@@ -349,24 +349,44 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    """``python -m hpcpax.sim``: the exit status."""
-    args = _parser().parse_args(argv)
+    """``python -m hpcpax.sim``: the exit status (2, with the reason, for bad input)."""
+    parser = _parser()
+    args = parser.parse_args(argv)
+    try:
+        model, cluster = _inputs(args)
+        result = simulate(model, cluster, args.partitions)
+    except (HpcpaxError, ValueError) as exc:  # a preset, a file or an override it cannot take
+        parser.error(str(exc))
+    return _report(args, model, cluster, result)
+
+
+def _inputs(args) -> tuple:
+    """``(model, cluster)`` from the presets and the overrides of ``args`` (checked)."""
+    # (least value, whether the least value itself is refused)
+    bounds = {"nodes": (1, False), "gpus_per_node": (1, False), "servers_per_node": (0, False),
+              "partitions": (1, False), "bandwidth_gbps": (0, True), "latency_us": (0, False),
+              "compute_ms": (0, False)}
+    for flag, (least, strict) in bounds.items():
+        value = getattr(args, flag)
+        if value is not None and not (value > least if strict else value >= least):
+            raise ConfigError(f"--{flag.replace('_', '-')} must be {'>' if strict else '>='} "
+                              f"{least}, not {value:g}")
     model, cluster = load_preset(args.model), load_preset(args.cluster)
     cluster = dict(cluster, intra=dict(cluster["intra"]), inter=dict(cluster["inter"]))
     for flag, key in (("nodes", "num_nodes"), ("gpus_per_node", "gpus_per_node"),
                       ("servers_per_node", "servers_per_node")):
-        value = getattr(args, flag)
-        if value is not None:
-            if value < (0 if key == "servers_per_node" else 1):
-                raise SystemExit(f"--{flag.replace('_', '-')} must be >= 1, not {value}")
-            cluster[key] = value
+        if getattr(args, flag) is not None:
+            cluster[key] = getattr(args, flag)
     if args.bandwidth_gbps is not None:
         cluster["inter"]["bandwidth_Bps"] = args.bandwidth_gbps * 1e9 / 8
     if args.latency_us is not None:
         cluster["inter"]["latency_s"] = args.latency_us * 1e-6
     if args.compute_ms is not None:
         model = dict(model, compute_ms=args.compute_ms)
-    result = simulate(model, cluster, args.partitions)
+    return model, cluster
+
+
+def _report(args, model, cluster, result) -> int:
     if args.json:
         print(json.dumps({"model": model.get("name"), "cluster": cluster.get("name"), **result}))
     else:

@@ -1,5 +1,7 @@
 import json
 
+import pytest
+
 from hpcpax.plan import sim
 from hpcpax.plan.cost_model import VarSpec
 
@@ -55,6 +57,23 @@ def test_cli_json_and_png(capsys, tmp_path):
     assert set(result["strategies"]) == set(sim.STRATEGIES)
     assert result["workers"] == 12
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--model", "nosuch"], "preset must be a file or one of"),
+    (["--nodes", "0"], "--nodes must be >= 1, not 0"),
+    (["--servers-per-node", "-1"], "--servers-per-node must be >= 0, not -1"),
+    (["--partitions", "0"], "--partitions must be >= 1, not 0"),
+    (["--bandwidth-gbps", "0"], "--bandwidth-gbps must be > 0, not 0"),
+    (["--latency-us", "-1"], "--latency-us must be >= 0, not -1"),
+    (["--compute-ms", "-5"], "--compute-ms must be >= 0, not -5"),
+])
+def test_cli_refuses_bad_input_with_the_reason(capsys, argv, message):
+    """Exit status 2 and one line naming the flag, no traceback."""
+    with pytest.raises(SystemExit) as exited:
+        sim.main(["--model", "lm1b", "--cluster", "parallax_8x6", *argv])
+    err = capsys.readouterr().err
+    assert exited.value.code == 2 and message in err and "Traceback" not in err
 
 
 def test_lm1b_on_parallax_cluster_hybrid_beats_allreduce_and_allgather(capsys):
