@@ -30,7 +30,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from ..errors import ConfigError
 
-__all__ = ["Template", "render", "list_templates", "load_template", "main"]
+__all__ = ["Template", "render", "list_templates", "load_template", "check_values", "main"]
 
 SUFFIX = ".sbatch"
 _PLACEHOLDER = re.compile(r"\{\{\s*([A-Za-z_][A-Za-z0-9_]*)\s*\}\}")
@@ -159,6 +159,7 @@ def render(template: str, **values: object) -> str:
     for name, value in resolved.items():
         if "\n" in value:
             raise ConfigError(f"{name} must be one line, not {value!r}")
+    check_values(resolved)
 
     lines = []
     for line in parsed.text.splitlines(keepends=True):
@@ -169,6 +170,47 @@ def render(template: str, **values: object) -> str:
             rendered = "#" + rendered
         lines.append(rendered)
     return "".join(lines)
+
+
+#: Slurm's --time forms: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S, or no limit.
+_TIME = re.compile(r"^(\d+(:\d+){0,2}|\d+-\d+(:\d+){0,2}|UNLIMITED|INFINITE)$", re.IGNORECASE)
+#: Placeholders with a known meaning: the least value each takes (an int).
+_AT_LEAST = {"nodes": 1, "ntasks_per_node": 1, "cpus_per_task": 1, "gpus_per_node": 0,
+             "servers_per_node": 0, "ranks_per_node": 0, "checkpoint_every": 0,
+             "signal_seconds": 0}
+
+
+def check_values(values: Dict[str, str]) -> None:
+    """Refuse values Slurm or hpcpax would refuse only once the job runs.
+
+    Checks the placeholders with a known meaning that ``values`` has and
+    that are not empty: counts (:data:`_AT_LEAST`), ``time`` in one of
+    Slurm's forms, and at least one worker per node (``servers_per_node``
+    below ``ntasks_per_node``). A job script with such a value would wait
+    in the queue and then fail.
+
+    Raises:
+        ConfigError: naming the flag, the value and what it must be.
+    """
+    numbers = {}
+    for name, least in _AT_LEAST.items():
+        text = values.get(name, "").strip()
+        if not text or "$" in text:  # empty: directive disabled; $VAR: set at run time
+            continue
+        try:
+            numbers[name] = int(text)
+        except ValueError:
+            raise ConfigError(f"{_flag(name)} must be an int >= {least}, not {text!r}") from None
+        if numbers[name] < least:
+            raise ConfigError(f"{_flag(name)} must be an int >= {least}, not {text!r}")
+    time = values.get("time", "").strip()
+    if time and not _TIME.match(time):
+        raise ConfigError(f"--time must be one of Slurm's forms (minutes, MM:SS, HH:MM:SS, "
+                          f"D-HH, D-HH:MM, D-HH:MM:SS), not {time!r}")
+    if "servers_per_node" in numbers and "ntasks_per_node" in numbers \
+            and numbers["servers_per_node"] >= numbers["ntasks_per_node"]:
+        raise ConfigError(f"--servers-per-node {numbers['servers_per_node']} leaves no worker "
+                          f"among --ntasks-per-node {numbers['ntasks_per_node']} ranks per node")
 
 
 def _flag(name: str) -> str:

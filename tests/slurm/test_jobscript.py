@@ -111,6 +111,30 @@ def test_bad_value_type():
         render("single_node", job_name="a\nb")
 
 
+@pytest.mark.parametrize("values, message", [
+    ({"nodes": 0}, "--nodes must be an int >= 1, not '0'"),
+    ({"cpus_per_task": "two"}, "--cpus-per-task must be an int >= 1, not 'two'"),
+    ({"checkpoint_every": -5}, "--checkpoint-every must be an int >= 0"),
+    ({"time": "1h"}, "--time must be one of Slurm's forms"),
+    ({"ntasks_per_node": 2, "servers_per_node": 2}, "leaves no worker among --ntasks-per-node 2"),
+])
+def test_values_slurm_or_hpcpax_would_refuse_at_run_time(values, message):
+    """Refused at render time, not after the job waited in the queue."""
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        render("multi_node", **values)
+
+
+@pytest.mark.parametrize("time", ["30", "10:00", "01:00:00", "2-0", "1-12:00", "1-00:00:00",
+                                  "UNLIMITED"])
+def test_every_slurm_time_form_renders(time):
+    assert f"--time={time}" in render("multi_node", time=time)
+
+
+def test_empty_and_run_time_values_are_not_checked():
+    assert "##SBATCH --gpus-per-node=" in render("multi_node", gpus_per_node="")
+    assert "$SLURM_NTASKS" in render("multi_node", checkpoint_every="$SLURM_NTASKS")
+
+
 def test_unknown_template():
     with pytest.raises(ConfigError, match="template must be one of .*single_node.* not 'nope'"):
         render("nope")
