@@ -254,4 +254,4 @@ def _load_dense(path, dense, dense_state, optimizer, xp) -> None:
 
 def _shown(value) -> str:
     """A setting as a mismatch message shows it (None: the flag was not given)."""
-    return "unset (the model's default)" if value is None else repr(value)
+    return "unset (its default)" if value is None else repr(value)

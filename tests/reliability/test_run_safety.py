@@ -237,7 +237,7 @@ def test_resume_with_other_flags_names_each_setting_as_given(tmp_path):
     run_dir = tmp_path / "run"
     Trainer({**config, "run_dir": str(run_dir), "steps": 2, "checkpoint_every": 2},
             comm=MPI.COMM_SELF).run()
-    for changed, message in (({"emb_dim": 8}, r"emb_dim=unset \(the model's default\) "
+    for changed, message in (({"emb_dim": 8}, r"emb_dim=unset \(its default\) "
                                                r"there, 8 now"),
                              ({"hidden": [32]}, r"hidden=\[16\] there, \[32\] now")):
         with pytest.raises(MismatchError, match=message):
