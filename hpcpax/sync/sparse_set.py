@@ -90,7 +90,11 @@ class SparseSync:
                 var.set_local_aggregation(request["local_aggregation"])
 
     def __getitem__(self, name) -> VariableSync:
-        return self.variables[name]
+        try:
+            return self.variables[name]
+        except KeyError:
+            raise KeyError(f"unknown sparse variable {name!r}; registered: "
+                           f"{sorted(self.variables)}") from None
 
     def __iter__(self):
         return iter(self.variables)
@@ -110,10 +114,9 @@ class SparseSync:
         **Collective** over the workers (and the servers through the PS).
         Replicated variables read their replica; ``ps`` ones travel together.
         """
-        out = {name: self.variables[name].replica.pull_unique(ids)
-               for name, ids in ids_by_name.items() if self.variables[name].method != "ps"}
-        on_ps = {name: ids for name, ids in ids_by_name.items()
-                 if self.variables[name].method == "ps"}
+        out = {name: self[name].replica.pull_unique(ids)
+               for name, ids in ids_by_name.items() if self[name].method != "ps"}
+        on_ps = {name: ids for name, ids in ids_by_name.items() if self[name].method == "ps"}
         if on_ps:
             out.update(self.ps.pull_unique_many(on_ps))
         return {name: out[name] for name in ids_by_name}
@@ -126,7 +129,7 @@ class SparseSync:
         """
         on_ps, replicated = {}, {}
         for name, grad in grads.items():
-            var = self.variables[name]
+            var = self[name]
             if not isinstance(grad, SparseGrad):
                 grad = SparseGrad(grad[0], grad[1], var.spec.rows)
             (on_ps if var.method == "ps" else replicated)[name] = grad

@@ -166,6 +166,21 @@ def test_bad_initial_values_are_refused():
         topo.free()
 
 
+@pytest.mark.parametrize("plan", ["ps", "allgather"])
+def test_an_unknown_table_is_named_with_the_registered_ones(plan):
+    sync = ModelSync(specs(), plan=plan, quiet=True)
+    try:
+        ids = np.array([1, 2])
+        with pytest.raises(KeyError, match=r"unknown sparse variable 'c'; registered: \['a', 'b'\]"):
+            sync.pull({"a": ids, "c": ids})
+        with pytest.raises(KeyError, match=r"unknown sparse variable 'c'; registered"):
+            sync.push({"c": (ids, np.ones((2, DIM_A)))})
+        unique, rows = sync.pull({"a": ids})["a"]  # nothing half-done: the tables still serve
+        assert np.array_equal(unique, ids) and rows.shape == (2, DIM_A)
+    finally:
+        sync.finish()
+
+
 def test_every_command_the_planner_sends_has_a_handler():
     """PlanController sends commands to every rank (hot-row decisions, ...): a
     ModelSync (step API, torch adapter) must handle each of them, like the trainer."""
