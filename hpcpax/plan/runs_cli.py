@@ -1,8 +1,8 @@
 """``python -m hpcpax.runs list|export``: read the run log.
 
 ``list`` prints one line per recorded run (id, date, source, model, layout,
-methods, measured and predicted ms per step); ``export`` writes every record
-as JSON lines (``--out FILE``, default standard output). ``--path`` reads
+methods, measured and predicted ms per step), the newest ``--last`` of them
+(default 40; 0: all); ``export`` writes every record as JSON lines (``--out FILE``, default standard output). ``--path`` reads
 another log than :func:`hpcpax.plan.runlog.run_log_path`. Not collective.
 """
 
@@ -10,11 +10,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 from .runlog import RunLog
 
-__all__ = ["main"]
+__all__ = ["main", "LAST"]
+
+#: Runs ``list`` prints by default (the newest).
+LAST = 40
 
 
 def _methods(record) -> str:
@@ -40,24 +44,43 @@ def _line(record) -> str:
 
 
 def main(argv=None) -> int:
-    """Entry point; returns the exit status."""
+    """Entry point; returns the exit status (0 also when a pipe such as ``| head``
+    closes early)."""
+    try:
+        status = _main(argv)
+        sys.stdout.flush()  # inside the try: a closed pipe raises here, not at exit
+        return status
+    except BrokenPipeError:
+        # the reader left: quiet, and no second error when Python flushes stdout at exit
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+
+
+def _main(argv) -> int:
     parser = argparse.ArgumentParser(prog="python -m hpcpax.runs", description=__doc__.split("\n")[0])
     parser.add_argument("command", choices=("list", "export"))
     parser.add_argument("--path", help="run log file (default: $HPCPAX_RUN_LOG or the user cache)")
     parser.add_argument("--model", help="only runs of this model")
     parser.add_argument("--source", help="only runs of this source (train, a benchmark)")
     parser.add_argument("--out", help="export: write here instead of standard output")
+    parser.add_argument("--last", type=int, default=LAST, metavar="N",
+                        help=f"list: the newest N runs only (default {LAST}; 0: all)")
     args = parser.parse_args(argv)
+    if args.last < 0:
+        parser.error(f"--last must be >= 0, not {args.last}")
     log = RunLog(args.path)
     if not log.enabled:
         print("run log is off (HPCPAX_RUN_LOG=off)", file=sys.stderr)
         return 1
     records = log.records(model=args.model, source=args.source)
     if args.command == "list":
-        print(f"{log.path}: {len(records)} runs")
+        shown = records[-args.last:] if args.last else records
+        print(f"{log.path}: {len(records)} run{'' if len(records) == 1 else 's'}"
+              + (f", the newest {len(shown)} shown (--last 0: all)"
+                 if len(shown) < len(records) else ""))
         print("  ".join(["   id", "created (UTC)       ", f"{'source':<18}", "model", f"{'layout':<12}",
                          f"{'methods':<24}", " meas. ms", " pred. ms"]))
-        for record in records:
+        for record in shown:
             print(_line(record))
         return 0
     handle = open(args.out, "w", encoding="utf-8") if args.out else sys.stdout

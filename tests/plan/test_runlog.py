@@ -190,11 +190,41 @@ def test_runs_cli_list_and_export(tmp_path, capsys):
     RunLog(path).append(_record("ctr", 0.0123), source="cost_model_check")
     assert runs_cli.main(["list", "--path", path]) == 0
     out = capsys.readouterr().out
-    assert "1 runs" in out and "cost_model_check" in out and "12.30" in out
+    assert ": 1 run\n" in out and "cost_model_check" in out and "12.30" in out
     target = tmp_path / "out.jsonl"
     assert runs_cli.main(["export", "--path", path, "--out", str(target)]) == 0
     lines = target.read_text().splitlines()
     assert len(lines) == 1 and json.loads(lines[0])["model"]["name"] == "ctr"
+
+
+def test_runs_cli_lists_the_newest_runs_unless_asked_for_all(tmp_path, capsys):
+    path = str(tmp_path / "runs.sqlite")
+    log = RunLog(path)
+    for i in range(5):
+        log.append(_record("lm", 0.001 * (i + 1)), source=f"bench{i}")
+    assert runs_cli.main(["list", "--path", path, "--last", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "5 runs, the newest 2 shown (--last 0: all)" in out
+    assert "bench3" in out and "bench4" in out and "bench2" not in out
+    assert runs_cli.main(["list", "--path", path, "--last", "0"]) == 0
+    out = capsys.readouterr().out
+    assert ": 5 runs\n" in out and all(f"bench{i}" in out for i in range(5))
+    with pytest.raises(SystemExit):
+        runs_cli.main(["list", "--path", path, "--last", "-1"])
+
+
+def test_runs_cli_into_a_closed_pipe_exits_quietly(tmp_path):
+    """``python -m hpcpax.runs list | head -1``: status 0, no traceback."""
+    import subprocess
+    import sys
+
+    path = str(tmp_path / "runs.sqlite")
+    RunLog(path).append(_record("lm", 0.001), source="train")
+    child = subprocess.Popen([sys.executable, "-m", "hpcpax.runs", "list", "--path", path],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    child.stdout.close()  # the reader is gone before the first line
+    _, err = child.communicate(timeout=60)
+    assert child.returncode == 0 and b"Error" not in err, err
 
 
 def test_a_training_run_appends_one_record(tmp_path, monkeypatch):
