@@ -124,7 +124,7 @@ class BatchBalancer:
         self._observed = []  # first worker: [(shares, every worker's median work)], newest last
         self._evaluations = 0  # first worker: evaluations so far
         self._undos = 0  # ... changes undone so far
-        self._frozen_until = 0  # ... no change before this many evaluations
+        self._frozen_until = 0  # ... no change up to this many evaluations
         #: Every change: ``{step, from, to, seconds_per_sample, fixed_seconds, gain,
         #: predicted_step_gain, step_seconds}``, and once the next evaluation checked it
         #: ``measured_step_gain`` (an undo: ``undo`` true, ``gain`` the measured loss).
