@@ -16,6 +16,7 @@ import tomllib
 from dataclasses import dataclass
 
 from ..errors import ConfigError
+from ..options import parse_bytes
 from ..sync import METHODS
 from .plan_file import load_plan_file, normalize_plan
 
@@ -319,6 +320,8 @@ def _check_combination(config):
         raise ConfigError("eval_data and eval_fraction both name a held-out set; give one "
                           f"(eval_data {config['eval_data']!r}, eval_fraction "
                           f"{config['eval_fraction']})")
+    # a size the servers would refuse only once the job has started
+    parse_bytes(config["server_memory_budget"], "server_memory_budget")
     _check_consistency(config)
 
 

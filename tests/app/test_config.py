@@ -53,6 +53,14 @@ def test_bad_toml_and_cross_model_flags(tmp_path):
         resolve({"stepz": 3})
 
 
+@pytest.mark.parametrize("value", ["lots", "0", "-8G"])
+def test_a_bad_memory_budget_is_refused_with_the_flags(value):
+    """Refused where the flags are read (exit 2 on the command line), not after start-up."""
+    with pytest.raises(ConfigError, match=f"server_memory_budget must be a .*'{value}'"):
+        parse_args([f"--server-memory-budget={value}"])
+    assert resolve({"server_memory_budget": "8G"})["server_memory_budget"] == "8G"
+
+
 def test_plan_tables(tmp_path):
     config = resolve({"plan": {"embedding": {"method": "allreduce"},
                                "softmax_w": {"method": "ps", "partitions": 4}}})
