@@ -88,7 +88,8 @@ def test_lm1b_on_parallax_cluster_hybrid_beats_allreduce_and_allgather(capsys):
 def test_report_names_bottlenecks_scaling_and_quotes_the_paper(capsys):
     assert sim.main(["--model", "lm1b", "--cluster", "parallax_8x6", "--nodes", "2"]) == 0
     out = capsys.readouterr().out
-    assert "bottleneck" in out and "by number of nodes" in out and "1 nodes" in out
+    assert "bottleneck" in out and "by number of nodes" in out
+    assert " 1 node " in out and "2 nodes" in out and "1 nodes" not in out
     assert "2.8x over TensorFlow and 6.02x over Horovod" in out
     result = sim.simulate(sim.load_preset("lm1b"), dict(sim.load_preset("parallax_8x6"), num_nodes=2))
     known = {"compute", "latency", "intra link", "inter link", "node NIC", "server CPU",
