@@ -90,6 +90,7 @@ def test_report_names_bottlenecks_scaling_and_quotes_the_paper(capsys):
     out = capsys.readouterr().out
     assert "bottleneck" in out and "by number of nodes" in out
     assert " 1 node " in out and "2 nodes" in out and "1 nodes" not in out
+    assert "on 2 nodes x 6 GPUs (12 workers, 1 server/node)" in out
     assert "2.8x over TensorFlow and 6.02x over Horovod" in out
     result = sim.simulate(sim.load_preset("lm1b"), dict(sim.load_preset("parallax_8x6"), num_nodes=2))
     known = {"compute", "latency", "intra link", "inter link", "node NIC", "server CPU",
