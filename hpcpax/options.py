@@ -25,7 +25,8 @@ from typing import Callable
 
 from .errors import ConfigError
 
-__all__ = ["Option", "OPTIONS", "Options", "options", "parse_bytes", "format_bytes"]
+__all__ = ["Option", "OPTIONS", "Options", "options", "parse_bytes", "format_bytes",
+           "counted"]
 
 _PREFIX = "HPCPAX_"
 #: Variables the test suite reads itself (not library options; never warned about).
@@ -87,6 +88,11 @@ def parse_bytes(value, where="size"):
     if number <= 0:
         raise ConfigError(f"{where} must be a positive size, not {value!r}")
     return number
+
+
+def counted(n, word) -> str:
+    """``"1 node"``, ``"3 nodes"``: a count and its word, plural unless one."""
+    return f"{n} {word}" + ("" if n == 1 else "s")
 
 
 def format_bytes(n) -> str:

@@ -21,7 +21,7 @@ import numpy as np
 
 from .accounting import Accounting
 from ..errors import ConfigError, TopologyError
-from ..options import options
+from ..options import counted, options
 from .threads import limit_threads
 
 __all__ = ["Topology", "init", "world_comm"]
@@ -122,10 +122,8 @@ class Topology:
 
     def counts(self) -> str:
         """``"4 ranks (1 server, 3 workers, 1 node)"``: the layout in words."""
-        def count(n, word):
-            return f"{n} {word}" + ("" if n == 1 else "s")
-        return (f"{count(self.size, 'rank')} ({count(len(self.server_ranks), 'server')}, "
-                f"{count(self.num_workers, 'worker')}, {count(self.num_nodes, 'node')})")
+        return (f"{counted(self.size, 'rank')} ({counted(len(self.server_ranks), 'server')}, "
+                f"{counted(self.num_workers, 'worker')}, {counted(self.num_nodes, 'node')})")
 
     def free(self) -> None:
         """Free the communicators :func:`init` created (collective)."""

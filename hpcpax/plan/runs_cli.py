@@ -2,7 +2,8 @@
 
 ``list`` prints one line per recorded run (id, date, source, model, layout,
 methods, measured and predicted ms per step), the newest ``--last`` of them
-(default 40; 0: all); ``export`` writes every record as JSON lines (``--out FILE``, default standard output). ``--path`` reads
+(default 40; 0: all); ``export`` writes every record as JSON lines (``--out
+FILE``, default standard output). ``--path`` reads
 another log than :func:`hpcpax.plan.runlog.run_log_path`. Not collective.
 """
 
@@ -13,6 +14,7 @@ import json
 import os
 import sys
 
+from ..options import counted
 from .runlog import RunLog
 
 __all__ = ["main", "LAST"]
@@ -75,7 +77,7 @@ def _main(argv) -> int:
     records = log.records(model=args.model, source=args.source)
     if args.command == "list":
         shown = records[-args.last:] if args.last else records
-        print(f"{log.path}: {len(records)} run{'' if len(records) == 1 else 's'}"
+        print(f"{log.path}: {counted(len(records), 'run')}"
               + (f", the newest {len(shown)} shown (--last 0: all)"
                  if len(shown) < len(records) else ""))
         print("  ".join(["   id", "created (UTC)       ", f"{'source':<18}", "model", f"{'layout':<12}",

@@ -22,6 +22,7 @@ import math
 import numpy as np
 
 from ..errors import ConfigError
+from ..options import counted
 
 __all__ = ["even_shares", "balanced_shares", "fit_work", "share_ranges", "step_work",
            "parse_shares", "relative_gain", "trusted", "MIN_SHARE_FRACTION", "FIT_MIN_POINTS",
@@ -169,8 +170,8 @@ def parse_shares(spec, global_batch, workers) -> list | None:
     else:
         values = [int(v) for v in spec]
     if len(values) != workers or any(v < 1 for v in values) or sum(values) != global_batch:
-        raise ConfigError(f"batch_shares must be one positive int per worker ({workers} "
-                          f"worker{'s' if workers != 1 else ''} here) summing to the global "
+        raise ConfigError(f"batch_shares must be one positive int per worker "
+                          f"({counted(workers, 'worker')} here) summing to the global "
                           f"batch {global_batch}, not {spec!r} ({len(values)} values summing "
                           f"to {sum(values)})")
     return values

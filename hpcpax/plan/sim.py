@@ -45,6 +45,7 @@ from importlib import resources
 import numpy as np
 
 from ..errors import ConfigError, HpcpaxError
+from ..options import counted
 from ..comm.fabric import Fabric, LinkModel
 from .auto import make_plan
 from .cost_model import ClusterShape, CostParams, VarSpec
@@ -258,9 +259,9 @@ def format_report(model: dict, cluster: dict, result: dict, scale: dict | None =
     """The sim's text report: throughput and bottleneck per strategy (and scale)."""
     topo = result["topology"]
     lines = [
-        f"model {model.get('name', '?')} on {_count(topo['num_nodes'], 'node')} x "
-        f"{_count(topo['workers_per_node'], 'GPU')} ({_count(result['workers'], 'worker')}, "
-        f"{_count(topo['servers_per_node'], 'server')}/node), "
+        f"model {model.get('name', '?')} on {counted(topo['num_nodes'], 'node')} x "
+        f"{counted(topo['workers_per_node'], 'GPU')} ({counted(result['workers'], 'worker')}, "
+        f"{counted(topo['servers_per_node'], 'server')}/node), "
         f"compute {result['compute_s'] * 1e3:.1f} ms/step",
     ]
     for name, (alpha, alpha_node) in result["alpha"].items():
@@ -282,7 +283,7 @@ def format_report(model: dict, cluster: dict, result: dict, scale: dict | None =
         lines.append("samples/s (bottleneck) by number of nodes:")
         rows = [[name] + [f"{scale[n][name][0]:.0f} ({scale[n][name][1]})" for n in scale]
                 for name in strategies]
-        lines.append(_table(["strategy"] + [_count(n, "node") for n in scale], rows))
+        lines.append(_table(["strategy"] + [counted(n, "node") for n in scale], rows))
     hybrid = strategies["hybrid"]["samples_per_s"]
     lines.append("")
     lines.append(f"predicted speedup of hybrid (Parallax) over allreduce-only: {hybrid / base:.2f}x, "
@@ -291,11 +292,6 @@ def format_report(model: dict, cluster: dict, result: dict, scale: dict | None =
     lines.append("(Parallax's abstract reports up to 2.8x over TensorFlow and 6.02x over Horovod for "
                  "NLP models with 48 GPUs; printed for comparison only)")
     return "\n".join(lines)
-
-
-def _count(n, word) -> str:
-    """``"1 node"``, ``"8 nodes"``."""
-    return f"{n} {word}" + ("" if n == 1 else "s")
 
 
 def _node_counts(max_nodes: int) -> list:

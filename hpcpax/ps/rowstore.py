@@ -33,7 +33,7 @@ import numpy as np
 from ..errors import ConfigError
 from ..ops import _numba
 from ..ops.idmap import IdMap
-from ..options import format_bytes
+from ..options import counted, format_bytes
 from .initializers import INITIALIZERS, variable_key
 from .memory import MemoryBudgetError, row_footprint
 
@@ -290,7 +290,7 @@ class LazyRows:
             f"sparse variable {spec.name!r} does not fit its owner's memory budget: "
             f"{self.rows_held:,} rows held + {count:,} new would take about "
             f"{format_bytes(need)} ({self.footprint} bytes per row of {spec.dim} "
-            f"{np.dtype(spec.dtype)} with {slots} optimizer slot{'' if slots == 1 else 's'}), "
+            f"{np.dtype(spec.dtype)} with {counted(slots, 'optimizer slot')}), "
             f"room for {allowed:,} rows: budget {format_bytes(memory.limit)} minus "
             f"{format_bytes(others)} held by other tables ({memory.describe(self.owner)}); "
             f"raise --server-memory-budget / HPCPAX_SERVER_MEMORY, add server ranks, or set "
