@@ -160,14 +160,17 @@ OPTIONS = (
            "Numba threads of the parallel kernels (default: as for threads)"),
     Option("numba_serial_below", _integer(0), 1 << 20,
            "elements below which a Numba kernel runs on one thread"),
+    Option("wait", _choice("sleep", "spin"), "sleep",
+           "how every rank waits for MPI: sleep (poll, then sleep between polls, each sleep "
+           "at most a tenth of the wait so far and poll_seconds: no core held) or spin "
+           "(inside MPI, which busy-polls a core: for nodes with a spare core per rank)"),
     Option("poll_seconds", _seconds, 0.001,
-           "relaxed consistency: longest sleep of a waiting server or worker between two "
-           "polls of its messages (the backoff cap: latency against idle CPU)"),
+           "longest sleep of a waiting rank between two polls (the backoff cap: latency "
+           "against idle CPU)"),
     Option("server_poll_seconds", _seconds, None,
            "BSP parameter server: longest sleep of a server rank waiting for the workers' "
-           "next operation (backoff cap, each sleep at most a tenth of the wait so far; 0: "
-           "wait inside MPI, which busy-polls a core; default poll_seconds for a server "
-           "holding no table on a host with more ranks than cores, else 0)"),
+           "next operation (0: wait inside MPI, which busy-polls a core; default: as "
+           "HPCPAX_WAIT says, with poll_seconds)"),
     Option("hot_rows", _integer(0), 0,
            "parameter server: rows that at least this many nodes pull or push in a step "
            "travel once, down a broadcast tree / up a reduction chain (0: off)"),

@@ -72,9 +72,17 @@ def refuse_together(comm, statuses, labels, error, what, raise_here=True) -> Non
 def agree_input(comm, error, what, labels=None) -> None:
     """:func:`refuse_together` for a collective without a header of its own.
 
-    **Collective** over ``comm``: one small ``allgather`` of status codes.
+    **Collective** over ``comm``: one small ``allgather`` of status codes
+    (non-blocking, completed by the one wait policy).
     """
-    statuses = comm.allgather(status_of(error))
+    import numpy as np
+    from mpi4py import MPI
+
+    from .polling import wait
+
+    mine = np.array([status_of(error)], np.int64)
+    statuses = np.empty(comm.Get_size(), np.int64)
+    wait([comm.Iallgather([mine, MPI.INT64_T], [statuses, MPI.INT64_T])])
     refuse_together(comm, statuses, labels or list(range(comm.Get_size())), error, what)
 
 

@@ -3,7 +3,8 @@
 Every sparse transfer of hpcpax (pull requests, pulled rows, pushed
 gradients, the intra-node exchanges of local aggregation, the allgather
 method) is one call here: rows grouped by destination, one ``Alltoall`` of
-counts, then one ``Alltoallv``. Never one message per row.
+counts, then one ``Alltoallv``. Never one message per row. Both are
+non-blocking, completed by the one wait policy (:func:`~hpcpax.comm.polling.wait`).
 
 The mechanism is :func:`exchange_counts_many` and :func:`alltoallv_many`:
 ``K`` variables of one phase travel together, one ``Alltoall`` of a
@@ -15,9 +16,12 @@ arrays of one variable (ids beside values) travel as one record per row.
 
 from __future__ import annotations
 
+import math
 import time
 
 import numpy as np
+
+from .polling import wait
 
 __all__ = ["group_by_destination", "alltoallv_rows", "exchange_counts", "exchange_counts_many",
            "alltoallv_many"]
@@ -65,7 +69,7 @@ def exchange_counts_many(comm, send_counts, accounting=None, phase=None, variabl
     send = np.ascontiguousarray(send_counts, np.int64)
     size, k = send.shape
     recv = np.empty_like(send)
-    comm.Alltoall([send, MPI.INT64_T], [recv, MPI.INT64_T])
+    wait([comm.Ialltoall([send, MPI.INT64_T], [recv, MPI.INT64_T])])
     if accounting is not None:
         eight = np.full((k, size), 8, np.int64)
         accounting.record_batched_exchange(phase, variables, eight, eight,
@@ -151,8 +155,8 @@ def alltoallv_many(comm, send_counts, recv_counts, arrays, accounting=None, phas
     np.cumsum(per_peer_send[:-1], out=sdispl[1:])
     np.cumsum(per_peer_recv[:-1], out=rdispl[1:])
     result = np.empty(int(per_peer_recv.sum()), np.uint8)
-    comm.Alltoallv([buffer, (per_peer_send, sdispl), MPI.BYTE],
-                   [result, (per_peer_recv, rdispl), MPI.BYTE])
+    wait([comm.Ialltoallv([buffer, (per_peer_send, sdispl), MPI.BYTE],
+                          [result, (per_peer_recv, rdispl), MPI.BYTE])])
     out = _split_segments(result, rdispl, recv_counts, widths, arrays)
     if accounting is not None:
         accounting.record_batched_exchange(phase, variables, send_bytes.T, recv_bytes.T,
@@ -162,7 +166,7 @@ def alltoallv_many(comm, send_counts, recv_counts, arrays, accounting=None, phas
 
 def _row_bytes(arrays) -> int:
     """Bytes of one row across ``arrays`` (the same on every rank, even when empty)."""
-    return sum(int(np.prod(a.shape[1:], dtype=np.int64)) * a.itemsize for a in arrays)
+    return sum(math.prod(a.shape[1:]) * a.itemsize for a in arrays)
 
 
 def _as_bytes(arrays, width):

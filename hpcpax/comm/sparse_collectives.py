@@ -19,6 +19,7 @@ import numpy as np
 from ..ops import dedup_sum
 from .accounting import ring_allreduce_bytes
 from .exchange import _as_bytes, _row_bytes, _split_segments
+from .polling import wait
 
 __all__ = ["allgather_sparse", "allgather_sparse_many", "densify_allreduce"]
 
@@ -51,9 +52,16 @@ def allgather_sparse_many(topology, names, id_lists, value_lists):
     comm, acct = topology.workers, topology.accounting
     start = time.perf_counter()
     k_vars = len(names)
+    if comm.Get_size() == 1:  # one worker: nothing to gather, nothing moves
+        out = [dedup_sum(np.asarray(ids, np.int64), values)
+               for ids, values in zip(id_lists, value_lists)]
+        zero = np.zeros((k_vars, 1), np.int64)
+        acct.record_batched_exchange("allgather", list(names), zero, zero,
+                                     time.perf_counter() - start, ranks=topology.worker_ranks)
+        return out
     mine = np.array([len(ids) for ids in id_lists], np.int64)
     counts = np.empty((comm.Get_size(), k_vars), np.int64)
-    comm.Allgather([mine, MPI.INT64_T], [counts, MPI.INT64_T])
+    wait([comm.Iallgather([mine, MPI.INT64_T], [counts, MPI.INT64_T])])
     arrays = [[np.ascontiguousarray(i, np.int64), np.ascontiguousarray(v)]
               for i, v in zip(id_lists, value_lists)]
     rows = np.array([_row_bytes(a) for a in arrays], np.int64)
@@ -62,7 +70,7 @@ def allgather_sparse_many(topology, names, id_lists, value_lists):
     per_worker = counts @ rows
     displs = np.concatenate([[0], np.cumsum(per_worker)[:-1]]).astype(np.int64)
     gathered = np.empty(int(per_worker.sum()), np.uint8)
-    comm.Allgatherv([send, MPI.BYTE], [gathered, (per_worker, displs), MPI.BYTE])
+    wait([comm.Iallgatherv([send, MPI.BYTE], [gathered, (per_worker, displs), MPI.BYTE])])
     out = []
     for all_ids, all_vals in _split_segments(gathered, displs, counts, rows, arrays):
         out.append(dedup_sum(all_ids, all_vals))
@@ -89,8 +97,8 @@ def densify_allreduce(topology, name, ids, values, num_rows):
     dense[ids] = values
     mask = np.zeros(num_rows, np.uint8)
     mask[ids] = 1
-    comm.Allreduce(MPI.IN_PLACE, dense, op=MPI.SUM)
-    comm.Allreduce(MPI.IN_PLACE, mask, op=MPI.MAX)
+    wait([comm.Iallreduce(MPI.IN_PLACE, dense, op=MPI.SUM),
+          comm.Iallreduce(MPI.IN_PLACE, mask, op=MPI.MAX)])
     sent, recv, s_inter, r_inter = ring_allreduce_bytes(
         topology.node_of, topology.worker_ranks, topology.rank, dense.nbytes + mask.nbytes)
     acct.record_bytes("dense_sparse", name, sent, recv, s_inter, r_inter,

@@ -25,6 +25,7 @@ import numpy as np
 
 from ..backend import cupy_module, is_device_array, synchronize
 from ..options import options
+from .polling import wait
 
 __all__ = [
     "CpuTransport",
@@ -122,7 +123,7 @@ class _Request:
 
     def wait(self):
         if not self._done:
-            self._request.Wait()
+            wait([self._request])  # the one wait policy: no core held while waiting
             self._done = True
             if self._finish is not None:
                 self._finish()

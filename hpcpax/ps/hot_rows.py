@@ -56,10 +56,10 @@ import numpy as np
 
 from ..backend import to_host
 from ..comm.exchange import alltoallv_many, exchange_counts_many
-from ..comm.polling import Backoff, wait_all
+from ..comm.polling import spinning, wait
 from ..options import options
 from .hot_groups import children_of, chunk_sizes, classify, parent_of, tree_order
-from .tree_traffic import POLL_FRACTION, TreeTraffic
+from .tree_traffic import TreeTraffic
 
 __all__ = ["HotRows", "classify", "pull_reply", "push_chain"]
 
@@ -154,12 +154,12 @@ class HotRows:
         return 0 if value < 2 else int(value)
 
 
-def poll_cap(topology) -> float:
-    """How a tree member waits: 0 inside MPI, or polling with this cap
-    (``options.poll_seconds``) on a host with more ranks than cores, where a
-    member spinning in MPI takes the core of the member it waits for (a
-    chain is as slow as its members' turns on the cores)."""
-    return float(options.poll_seconds) if topology.oversubscribed else 0.0
+def poll_cap(topology=None) -> float:
+    """How a tree member waits, by the one wait policy (:mod:`hpcpax.comm.polling`):
+    polling with this cap (``options.poll_seconds``), or 0 inside MPI under
+    ``HPCPAX_WAIT=spin`` (a member spinning in MPI takes the core of the member
+    it waits for on a shared host: a chain is as slow as its members' turns)."""
+    return 0.0 if spinning() else float(options.poll_seconds)
 
 
 def _owner_pieces(var, ids, counts, policy, first, limit):
@@ -245,10 +245,7 @@ def pull_reply(topology, variables, hop, wanted, policy, gather) -> tuple:
         _follow_manifests(traffic, k, var, out[2 * k][0], received[:, 2 * k], me, hot[k])
     cap = poll_cap(topology)
     traffic.run(cap)
-    if cap > 0:
-        wait_all([agreement], backoff=Backoff(cap, fraction=POLL_FRACTION))
-    else:
-        agreement.Wait()
+    wait([agreement], cap)
     return [_assemble(hop, k, hot[k], out[2 * k + 1][0], var)
             for k, var in enumerate(variables)], bool(agreed[0])
 

@@ -21,7 +21,7 @@ import time
 
 import numpy as np
 
-from ..comm.polling import Backoff, wait_all
+from ..comm.polling import FRACTION, spinning, wait
 from ..options import options
 from ..comm.agreement import STATUS_NONFINITE, STATUS_OK, refuse_together, status_of
 from ..errors import MismatchError
@@ -45,38 +45,30 @@ STATUS_DEFERRED = 99
 
 
 #: A waiting BSP server sleeps at most this fraction of the time it has waited.
-SERVER_POLL_FRACTION = 0.1
+SERVER_POLL_FRACTION = FRACTION
 
 
-def server_wait_cap(topology, idle=True) -> float:
+def server_wait_cap(topology=None, idle=True) -> float:
     """How a BSP server rank waits for the workers' next operation: the longest sleep
-    between two polls, 0 for a wait inside MPI (``hpcpax.options.server_poll_seconds``).
+    between two polls, 0 for a wait inside MPI.
 
-    Default: inside MPI (MPI libraries busy-poll there: the lowest latency), but
-    polling with ``options.poll_seconds`` as the cap on a host with more ranks than
-    cores (:attr:`~hpcpax.comm.topology.Topology.oversubscribed`) when the server
-    is ``idle`` (it holds no variable: every table is replicated, so it only waits
-    for the shutdown or a switch), where a spinning server takes the workers'
-    cores for nothing. Each sleep is at most :data:`SERVER_POLL_FRACTION` of the
-    time waited so far. Measured on a 2-core machine (README, "The cost model"):
-    allgather and densified steps 2.1-2.2x faster with 2 idle servers beside 2
-    workers; a server that serves answers later when it sleeps, and BSP PS steps
-    with 1 server and 3 workers ran 10-25 % slower polling (caps of 30 us to 1 ms)
-    than spinning, hence inside MPI for it.
+    ``hpcpax.options.server_poll_seconds`` when set; else the one wait policy
+    (:mod:`hpcpax.comm.polling`): ``options.poll_seconds`` under ``HPCPAX_WAIT=sleep``
+    (the default: a server never holds a core a worker on its host could use),
+    0 under ``spin``. Each sleep is at most :data:`SERVER_POLL_FRACTION` of the
+    time waited so far. ``topology`` and ``idle`` are kept for callers that
+    name the rank (the policy no longer depends on them).
     """
     cap = options.server_poll_seconds
     if cap is None:
-        return float(options.poll_seconds) if idle and topology.oversubscribed else 0.0
+        return 0.0 if spinning() else float(options.poll_seconds)
     return float(cap)
 
 
 def server_wait(request, cap) -> None:
     """Complete ``request`` as a server waits (:func:`server_wait_cap`'s ``cap``):
     polling with a proportional backoff, or inside MPI when ``cap`` is 0."""
-    if cap > 0:
-        wait_all([request], backoff=Backoff(cap, fraction=SERVER_POLL_FRACTION))
-    else:
-        request.Wait()
+    wait([request], cap)
 
 
 def batches(variables) -> list:
@@ -155,10 +147,9 @@ class Protocol:
         start = time.perf_counter()
         # non-blocking on every rank (a blocking collective does not match a
         # non-blocking one), so that a server can wait for the next operation
-        # polling with backoff (server_wait_cap) instead of inside MPI
+        # by the one wait policy (server_wait_cap) instead of inside MPI
         request = comm.Iallgather([mine, MPI.INT64_T], [everyone, MPI.INT64_T])
-        server_wait(request, server_wait_cap(topo, idle=not self.variables)
-                    if topo.is_server else 0.0)
+        wait([request], server_wait_cap(topo) if topo.is_server else None)
         n = comm.Get_size() - 1
         topo.accounting.record_bytes("control", None, sent=n * mine.nbytes, recv=n * mine.nbytes,
                                      seconds=time.perf_counter() - start)

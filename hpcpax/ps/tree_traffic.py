@@ -23,12 +23,12 @@ import time
 
 import numpy as np
 
-from ..comm.polling import Backoff, wait_all
+from ..comm.polling import FRACTION, Backoff, wait
 
 __all__ = ["TAG_BASE", "POLL_FRACTION", "TreeTraffic"]
 
 #: A polling member sleeps at most this fraction of the time it has waited.
-POLL_FRACTION = 0.1
+POLL_FRACTION = FRACTION
 
 #: The first tag of tree messages (half the library's largest tag where that is smaller).
 TAG_BASE = 1 << 16
@@ -117,7 +117,7 @@ class TreeTraffic:
 
         ``poll``: 0 waits inside MPI (which busy-polls a core); a cap in
         seconds polls with a :class:`~hpcpax.comm.polling.Backoff` instead
-        (for a host with more ranks than cores).
+        (:func:`~hpcpax.ps.hot_rows.poll_cap`: the one wait policy).
         """
         from mpi4py import MPI
 
@@ -139,10 +139,7 @@ class TreeTraffic:
                 unit[1] -= 1
                 if unit[1] == 0:
                     unit[2](unit[0])  # may post sends
-        if backoff is None:
-            MPI.Request.Waitall(self._sends)
-        else:
-            wait_all(self._sends, backoff=backoff)
+        wait(self._sends, poll)
         seconds = time.perf_counter() - start
         if self.accounting is None:
             return

@@ -133,25 +133,30 @@ def test_servers_polling_for_the_next_operation_change_nothing(comm):
     assert comm.allreduce(bool(ok), op=MPI.LAND)
 
 
-def test_server_wait_cap_defaults_follow_oversubscription():
-    """Inside MPI (0) on a host with a core per rank, the relaxed poll cap for an idle
-    server on an oversubscribed one; an explicit option wins either way."""
+def test_server_wait_cap_follows_the_one_wait_policy():
+    """A server sleeps between polls by default (HPCPAX_WAIT=sleep), on any host and
+    whether or not it holds tables; inside MPI (0) under HPCPAX_WAIT=spin; an explicit
+    server_poll_seconds wins either way."""
     from types import SimpleNamespace
 
     from hpcpax.options import options
     from hpcpax.ps.protocol import server_wait_cap
 
-    assert server_wait_cap(SimpleNamespace(oversubscribed=False)) == 0.0
-    assert server_wait_cap(SimpleNamespace(oversubscribed=True)) == options.poll_seconds > 0
-    # a server holding tables answers operations: inside MPI by default
-    assert server_wait_cap(SimpleNamespace(oversubscribed=True), idle=False) == 0.0
+    for oversubscribed in (False, True):
+        for idle in (False, True):
+            topo = SimpleNamespace(oversubscribed=oversubscribed)
+            assert server_wait_cap(topo, idle=idle) == options.poll_seconds > 0
     try:
-        options.server_poll_seconds = 0
+        options.wait = "spin"
         assert server_wait_cap(SimpleNamespace(oversubscribed=True)) == 0.0
         options.server_poll_seconds = 2e-4
         assert server_wait_cap(SimpleNamespace(oversubscribed=False)) == 2e-4
+        del options.wait
+        options.server_poll_seconds = 0
+        assert server_wait_cap(SimpleNamespace(oversubscribed=True)) == 0.0
     finally:
         del options.server_poll_seconds
+        del options.wait
 
 
 @pytest.mark.mpi(min_size=1)
