@@ -66,7 +66,7 @@ def has_gpu() -> bool:
 
 def is_device_array(x) -> bool:
     """True when ``x`` is a CuPy array (lives on a GPU)."""
-    return type(x).__module__.split(".")[0] == "cupy"
+    return type(x).__module__.startswith("cupy")
 
 
 def array_module(x):

@@ -17,9 +17,10 @@ import os
 
 from ..options import options
 
-__all__ = ["limit_threads", "usable_cores"]
+__all__ = ["limit_threads", "thread_cap", "usable_cores"]
 
 _LIMITER = None
+_CAP = None
 
 
 def usable_cores() -> int:
@@ -34,7 +35,7 @@ def limit_threads(ranks_on_node: int) -> int | None:
 
     Not collective. Uses threadpoolctl for the BLAS pool when it is installed.
     """
-    global _LIMITER
+    global _LIMITER, _CAP
     threads = options.threads
     if threads == 0:
         return None
@@ -49,4 +50,11 @@ def limit_threads(ranks_on_node: int) -> int | None:
     from ..ops import _numba  # noqa: PLC0415
 
     _numba.set_default_threads(threads)
+    _CAP = threads
     return threads
+
+
+def thread_cap() -> int | None:
+    """The threads per rank :func:`limit_threads` set (None: none set, or ``HPCPAX_THREADS=0``);
+    frameworks with pools of their own (PyTorch's) take the same cap."""
+    return _CAP

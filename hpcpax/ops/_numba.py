@@ -35,12 +35,74 @@ def kernels():
     if not _TRIED:
         _TRIED = True
         try:
+            _own_thread_pool()
             from . import _numba_kernels  # noqa: PLC0415  (lazy: numba is slow to import)
 
-            _KERNELS = _numba_kernels
+            _KERNELS = _Kernels(_numba_kernels)
         except ImportError:
             _KERNELS = None
     return _KERNELS
+
+
+class _Either:
+    """A parallel kernel and its serial twin (the same code compiled without
+    threads), called as :func:`threads_for` says: launching a parallel region,
+    even on one thread, cost about 0.2 ms a call here, more than gathering a
+    thousand rows takes. Both give bit-equal results (the kernels' loops are
+    split by output row, never by summand)."""
+
+    __slots__ = ("parallel", "serial")
+
+    def __init__(self, parallel):
+        import types
+
+        import numba  # noqa: PLC0415
+
+        self.parallel = parallel
+        py = parallel.py_func
+        twin = types.FunctionType(py.__code__, py.__globals__, py.__name__ + "_serial",
+                                  py.__defaults__, py.__closure__)
+        twin.__qualname__ = py.__qualname__ + "_serial"  # its own cache file
+        twin.__module__, twin.__doc__ = py.__module__, py.__doc__
+        options_ = {k: v for k, v in parallel.targetoptions.items()
+                    if k in ("nogil", "boundscheck") and v is not None}
+        self.serial = numba.njit(cache=True, **options_)(twin)
+
+    def __call__(self, *args):
+        return (self.serial if _SERIAL[-1] else self.parallel)(*args)
+
+
+class _Kernels:
+    """The kernels module, its parallel kernels as :class:`_Either`."""
+
+    def __init__(self, module):
+        self._module = module
+        for name, value in vars(module).items():
+            if getattr(value, "targetoptions", {}).get("parallel"):
+                setattr(self, name, _Either(value))
+
+    def __getattr__(self, name):
+        return getattr(self._module, name)
+
+
+#: Stack of "serial now?" flags set by :func:`threads_for` (the last one rules).
+_SERIAL = [False]
+
+
+def _own_thread_pool() -> None:
+    """Run Numba's parallel kernels on its own ``workqueue`` pool, not OpenMP's.
+
+    Numba's ``omp`` layer shares the process's OpenMP runtime with PyTorch,
+    so each ``numba.set_num_threads`` became torch's thread count too: after
+    a few adapter steps a worker started with ``OMP_NUM_THREADS=1`` ran torch
+    on 2 threads, and a one-rank DLRM step took 34-228 ms instead of 3 ms.
+    A layer the user chose (``NUMBA_THREADING_LAYER``) is kept.
+    """
+    import numba  # noqa: PLC0415
+
+    if "NUMBA_THREADING_LAYER" not in os.environ and \
+            numba.config.THREADING_LAYER == "default":
+        numba.config.THREADING_LAYER = "workqueue"
 
 
 def default_threads() -> int:
@@ -83,19 +145,24 @@ def threads_for(work: int):
     # shared or oversubscribed node it can stall on a thread that is not scheduled
     wanted = 1 if work < options.numba_serial_below else min(default_threads(),
                                                              numba.config.NUMBA_NUM_THREADS)
+    _SERIAL.append(wanted == 1)  # one thread: the serial twins, no parallel region at all
     previous = numba.get_num_threads()
-    if wanted == previous:
-        yield
-        return
-    numba.set_num_threads(wanted)
     try:
-        yield
+        if wanted == previous or wanted == 1:
+            yield
+            return
+        numba.set_num_threads(wanted)
+        try:
+            yield
+        finally:
+            numba.set_num_threads(previous)
     finally:
-        numba.set_num_threads(previous)
+        _SERIAL.pop()
 
 
 def num_chunks(work_items: int, per_thread: int = 4) -> int:
     """Chunks for a parallel loop: a few per Numba thread, never more than items."""
     import numba  # noqa: PLC0415
 
-    return max(1, min(work_items, numba.get_num_threads() * per_thread))
+    threads = 1 if _SERIAL[-1] else numba.get_num_threads()
+    return max(1, min(work_items, threads * per_thread))
