@@ -13,6 +13,8 @@ import time
 
 import numpy as np
 
+from ..comm.polling import wait
+
 from ..comm.accounting import OWNER_FIELDS
 
 __all__ = ["TIME_PHASES", "BYTE_PHASES", "PhaseClock", "Computed", "compute_step",
@@ -84,35 +86,44 @@ def compute_step(trainer, rows, batch, position, step, clock) -> Computed:
     return Computed(result.loss, local_batch, sparse, dense, result.dense_grads)
 
 
-def reduce_step(topology, loss, local_batch, times, flag) -> tuple:
-    """``(mean loss, any flag, mean phase seconds, cumulative bytes)``.
+def reduce_step(topology, loss, local_batch, times, flag, cpu_seconds=0.0) -> tuple:
+    """``(mean loss, any flag, mean phase seconds, cumulative bytes, CPU seconds per
+    worker)``.
 
     **Collective** over the workers: one ``Allreduce`` of a small vector.
     The cumulative bytes are one flat vector, every phase's fields of
     :data:`BYTE_PHASES` then the owners' counters
     (:data:`~hpcpax.comm.accounting.OWNER_FIELDS`); :func:`step_record`
-    reads it.
+    reads it. ``cpu_seconds``: this worker's CPU time in the step (all its
+    threads), returned for every worker in worker order.
     """
     from mpi4py import MPI
 
     acct = topology.accounting
-    vector = [loss * local_batch, local_batch, float(flag)]
+    n = topology.num_workers
+    cpu = [0.0] * n
+    cpu[topology.worker_index] = float(cpu_seconds)
+    vector = [loss * local_batch, local_batch, float(flag)] + cpu
     vector += [times[p] for p in TIME_PHASES]
     for phase in BYTE_PHASES:
         entry = acct.phase(phase)
         vector += [float(entry[f]) for f in _BYTE_FIELDS]
     vector += [float(acct.owner[f]) for f in OWNER_FIELDS]
     vector = np.array(vector, np.float64)
-    topology.workers.Allreduce(MPI.IN_PLACE, vector, op=MPI.SUM)
-    n = topology.num_workers
-    k = len(TIME_PHASES)
-    mean_times = {p: vector[3 + i] / n for i, p in enumerate(TIME_PHASES)}
-    return vector[0] / vector[1], vector[2] > 0, mean_times, vector[3 + k:]
+    wait([topology.workers.Iallreduce(MPI.IN_PLACE, vector, op=MPI.SUM)])
+    k, head = len(TIME_PHASES), 3 + n
+    mean_times = {p: vector[head + i] / n for i, p in enumerate(TIME_PHASES)}
+    return (vector[0] / vector[1], vector[2] > 0, mean_times, vector[head + k:],
+            vector[3:head].tolist())
 
 
-def step_record(step, loss, seconds, global_batch, times, delta) -> dict:
+def step_record(step, loss, seconds, global_batch, times, delta, cpu_seconds=None) -> dict:
     """The ``metrics.jsonl`` line of one step (``delta``: this step's bytes, as
     :func:`reduce_step` returns them).
+
+    ``cpu_seconds``: each worker's CPU seconds in the step (worker order), with
+    ``cpu_busy`` (CPU seconds over the step's wall seconds, per worker): a
+    worker near 1 computes or spins, one near 0 waits without holding a core.
 
     ``bytes``: per phase, what the workers sent and received (``_inter``: to
     or from another node). ``owner`` (only when parameter-server owners moved
@@ -130,17 +141,23 @@ def step_record(step, loss, seconds, global_batch, times, delta) -> dict:
     }
     if owner.any():
         record["owner"] = {f: int(v) for f, v in zip(OWNER_FIELDS, owner)}
+    if cpu_seconds is not None:
+        record["cpu_seconds"] = [round(c, 6) for c in cpu_seconds]
+        record["cpu_busy"] = [round(c / seconds, 4) for c in cpu_seconds]
     return record
 
 
 def summarize(topology, losses, *, start_step, last, steady, train_seconds, wall,
-              checkpoints, preempted, signal) -> dict:
+              checkpoints, preempted, signal, cpu_seconds=0.0) -> dict:
     """The run's ``summary.json`` (first worker) from every rank's accounting.
 
-    **Collective** over every rank (the accounting reduce). ``steady`` is
+    **Collective** over every rank (the accounting reduce, and a gather of
+    each rank's ``cpu_seconds`` over the run's ``wall`` seconds: ``cpu_busy``
+    per world rank, servers included). ``steady`` is
     :func:`~hpcpax.app.throughput.steady_throughput`'s result (first worker).
     """
     totals = topology.accounting.reduce(topology.comm)
+    cpu = topology.comm.allgather(round(float(cpu_seconds), 3))
     steps_run = max(0, last - start_step + 1)
     return {
         "steps": last, "steps_run": steps_run, "start_step": start_step,
@@ -156,6 +173,8 @@ def summarize(topology, losses, *, start_step, last, steady, train_seconds, wall
         "topology": topology.describe(),
         "phases": totals["phases"], "total": totals["total"],
         "owner": totals.get("owner"),
+        "cpu_seconds": cpu,
+        "cpu_busy": [round(c / wall, 4) if wall > 0 else None for c in cpu],
     }
 
 

@@ -131,7 +131,7 @@ class Trainer:
     def _run(self):
         topo, config = self.topology, self.config
         self.is_leader = topo.is_worker and topo.worker_index == 0
-        wall_start = time.perf_counter()
+        wall_start, self._cpu_start = time.perf_counter(), time.process_time()
         # Set-up runs in named guarded phases: a rank stuck in one (a hung
         # file system, a bad GPU) makes the others' watchdogs report it in
         # that phase while they wait in the next collective.
@@ -299,10 +299,11 @@ class Trainer:
 
     def _loop_step(self, step):
         config, loop = self.config, self._loop
-        began = time.perf_counter()
+        began, cpu_began = time.perf_counter(), time.process_time()
         loss, local_batch, mine = self.train_step(step)
-        loss, stop, times, cumulative = reduce_step(self.topology, loss, local_batch, mine,
-                                                    self.preemption.requested)
+        loss, stop, times, cumulative, cpu = reduce_step(
+            self.topology, loss, local_batch, mine, self.preemption.requested,
+            time.process_time() - cpu_began)
         seconds = time.perf_counter() - began
         self.runtime.after_step(step, began, mine, local_batch, loop["metrics"])
         loop["seconds"] += seconds
@@ -310,7 +311,7 @@ class Trainer:
         self.losses.append(loss)
         delta = cumulative if loop["previous"] is None else cumulative - loop["previous"]
         loop["previous"] = cumulative
-        record = step_record(step, loss, seconds, config["global_batch"], times, delta)
+        record = step_record(step, loss, seconds, config["global_batch"], times, delta, cpu)
         loop["metrics"].write(record)
         self._bar.update(1, loss, record["samples_per_s"])
         if config["eval_every"] and (step % config["eval_every"] == 0 or step == config["steps"]):
@@ -368,7 +369,8 @@ class Trainer:
                             steady=steady, train_seconds=train_seconds,
                             wall=time.perf_counter() - wall_start,
                             checkpoints=self.checkpoints, preempted=self.preempted,
-                            signal=self.preemption.signal_name if self.preempted else None)
+                            signal=self.preemption.signal_name if self.preempted else None,
+                            cpu_seconds=time.process_time() - self._cpu_start)
         if not self.is_leader:
             self.log(f"done; my bytes sent {topo.accounting.totals()['sent_bytes']:,}",
                      everyone=True)

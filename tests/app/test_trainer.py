@@ -152,3 +152,32 @@ def test_corrupted_checkpoint_names_the_file(comm, tmp_path):
         os.remove(os.path.join(path, ckpt.MANIFEST))
         assert ckpt.latest(run_dir) is None
     comm.Barrier()
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.timeout(120)
+def test_cpu_seconds_are_reported_per_worker_and_per_rank(comm, tmp_path):
+    """metrics.jsonl: each worker's CPU seconds of each step (and busy fraction);
+    summary.json: every rank's CPU seconds over the run, servers included."""
+    import json
+
+    from hpcpax.app.metrics import read_metrics
+
+    run_dir = shared_dir(comm, tmp_path, "cpu")
+    trainer = run(comm, steps=6, run_dir=run_dir)
+    ok = True
+    if trainer.is_leader:
+        workers = trainer.topology.num_workers
+        steps = [r for r in read_metrics(os.path.join(run_dir, "metrics.jsonl")) if "loss" in r]
+        ok = len(steps) == 6 and all(
+            len(r["cpu_seconds"]) == workers and len(r["cpu_busy"]) == workers
+            and all(0 < c < 10 * r["seconds"] + 1 for c in r["cpu_seconds"])
+            and all(b == pytest.approx(c / r["seconds"], rel=1e-3, abs=1e-4)
+                    for b, c in zip(r["cpu_busy"], r["cpu_seconds"])) for r in steps)
+        with open(os.path.join(run_dir, "summary.json")) as f:
+            summary = json.load(f)
+        ok = ok and len(summary["cpu_seconds"]) == comm.Get_size() and \
+            all(c > 0 for c in summary["cpu_seconds"]) and \
+            summary["cpu_busy"][0] == pytest.approx(summary["cpu_seconds"][0]
+                                                    / summary["wall_seconds"], rel=1e-2)
+    assert comm.allreduce(bool(ok), op=MPI.LAND)
