@@ -44,7 +44,15 @@ collective: no rank-dependent branches around the model); ``model.state_dict()``
 gathers whole tables on every worker (use :func:`save` / :func:`load` for big
 ones: HDF5, rows by global id, resumable on another layout); learning-rate
 changes of a table's parameter group after :func:`distribute` do not reach
-the servers; gradient clipping sees the dense gradients only.
+the servers. A table's original ``weight`` stays in ``model.parameters()``
+without its values: its ``.grad``, when the script reads it (a
+``clip_grad_norm_`` over ``model.parameters()``), is the workers' mean
+gradient, gathered then (collective), and what the script does to it is
+what is pushed (:mod:`~hpcpax.torch.table_weight`); computing with its
+values stops with an error naming the call. Batches whose samples are not
+along the first dimension take ``batch_dim=`` or ``split=``
+(:mod:`~hpcpax.torch.data`); :func:`local_batch_size` sizes a state carried
+across batches.
 
 Importing this package imports torch; importing ``hpcpax`` does not.
 """
@@ -57,8 +65,9 @@ except ImportError:  # pragma: no cover - depends on the environment
     raise DependencyError("hpcpax.torch needs PyTorch: pip install hpcpax[torch]") from None
 
 from .checkpoint import load, save
-from .distribute import distribute, finish
+from .data import cut_bags
+from .distribute import distribute, finish, local_batch_size
 from .embedding import DistributedEmbedding, DistributedEmbeddingBag
 
-__all__ = ["distribute", "finish", "save", "load", "DistributedEmbedding",
-           "DistributedEmbeddingBag"]
+__all__ = ["distribute", "finish", "save", "load", "cut_bags", "local_batch_size",
+           "DistributedEmbedding", "DistributedEmbeddingBag"]

@@ -29,7 +29,7 @@ from .prefetch import Prefetch
 from .runtime import Runtime
 from .tensors import as_array, numpy_dtype
 
-__all__ = ["distribute", "finish", "Session", "session_of"]
+__all__ = ["distribute", "finish", "local_batch_size", "Session", "session_of"]
 
 #: The live session of this process (one distributed model at a time).
 _ACTIVE = None
@@ -162,7 +162,7 @@ def _summary(session, plan) -> str:
 def distribute(model, optimizer, data=None, *, plan="auto", loss_reduction="mean",
                local_aggregation=True, bucket_bytes=None, plan_steps=10, run_dir=None,
                stdout="first", on_server="exit", quiet=False, timeout=None,
-               fabric_seconds=1.0, prefetch=True, topology=None):
+               fabric_seconds=1.0, prefetch=True, topology=None, batch_dim=0, split=None):
     """Make ``model`` and ``optimizer`` train data-parallel on every rank of the job.
 
     **Collective** over every rank (``MPI.COMM_WORLD``, or ``topology``'s).
@@ -192,6 +192,14 @@ def distribute(model, optimizer, data=None, *, plan="auto", loss_reduction="mean
         prefetch: pull the tables a forward pass reads straight from the
             model's inputs in one exchange before it (:mod:`~hpcpax.torch.prefetch`).
         topology: from :func:`hpcpax.init` (default: made here).
+        batch_dim: where ``data``'s samples are: one dimension for every
+            tensor, or a structure shaped like a batch giving each tensor's
+            dimension, ``None`` (every worker takes it whole) or a function
+            ``f(tensor, start, stop, total)`` (:mod:`~hpcpax.torch.data`).
+        split: ``split(batch, start, stop)``: samples ``[start, stop)`` of a
+            global batch, for layouts ``batch_dim`` cannot describe (ragged
+            bags: :func:`~hpcpax.torch.data.cut_bags`; flattened targets);
+            ``batch_dim`` still counts the samples.
 
     Raises:
         TypeError, ValueError, ConfigError: bad arguments, an unsupported
@@ -204,6 +212,9 @@ def distribute(model, optimizer, data=None, *, plan="auto", loss_reduction="mean
     from ..ps.spec import SparseVariableSpec
 
     optimizers = _check_arguments(model, optimizer, loss_reduction, stdout, on_server)
+    from .data import check_split
+
+    check_split(batch_dim, split)
     own = topology is None
     topology = init() if own else topology
     try:
@@ -238,6 +249,7 @@ def distribute(model, optimizer, data=None, *, plan="auto", loss_reduction="mean
         _broadcast(topology, list(layout.dense.values()) + list(layout.frozen.values()))
     runtime = Runtime(sync, {n: {"rows": i["rows"], "dim": i["dim"], "dtype": i["dtype"],
                                  "padding_idx": i["padding_idx"], "device": i["device"],
+                                 "sparse": i["sparse"],
                                  "counts_steps": bool(make_optimizer(
                                      i["optimizer"], **i["optimizer_params"]).scalar_slots)}
                              for n, i in layout.tables.items()},
@@ -253,6 +265,7 @@ def distribute(model, optimizer, data=None, *, plan="auto", loss_reduction="mean
             sys.exit(0)
         return (model, optimizer) if data is None else (model, optimizer, None)
     session.runtime = runtime
+    _cap_torch_threads()
     if prefetch and layout.tables:
         runtime.prefetch = Prefetch(runtime, model)
     for opt in optimizers:
@@ -271,7 +284,31 @@ def distribute(model, optimizer, data=None, *, plan="auto", loss_reduction="mean
         return model, optimizer
     from .data import shard
 
-    return model, optimizer, shard(data, runtime)
+    return model, optimizer, shard(data, runtime, batch_dim, split)
+
+
+def _cap_torch_threads() -> None:
+    """Give torch's intra-op pool this rank's share of the host's cores (as BLAS and
+    Numba get from :func:`hpcpax.init`): a worker's threads must not take the core
+    of a server or another worker on its host."""
+    from ..comm.threads import thread_cap
+
+    cap = thread_cap()
+    if cap is not None and torch.get_num_threads() > cap:
+        torch.set_num_threads(cap)
+
+
+def local_batch_size(total) -> int:
+    """This worker's share of a global batch of ``total`` samples (as the sharded
+    data cuts it), e.g. to size a recurrent state carried across batches. Local."""
+    from .data import share
+
+    if _ACTIVE is None or _ACTIVE.finished or _ACTIVE.runtime is None:
+        raise ConfigError("local_batch_size needs a distributed model on a worker: call "
+                          "hpcpax.torch.distribute first")
+    topo = _ACTIVE.topology
+    start, stop = share(total, topo.worker_index, topo.num_workers)
+    return stop - start
 
 
 def finish() -> None:

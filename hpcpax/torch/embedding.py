@@ -8,13 +8,18 @@ leaf tensor that requires grad, and runs the torch lookup on local indices
 into those rows (``sparse=True``). The backward fills the leaf's ``.grad``
 with one row per occurrence (a sparse tensor, nothing summed); the
 optimizer's step pushes it, and hpcpax's dedup kernel sums the duplicates.
-A worker never holds the whole table, only the rows of its batch.
+A worker never holds the whole table, only the rows of its batch. The
+module's ``weight`` is the original Parameter as a
+:class:`~hpcpax.torch.table_weight.TableWeight`: no values, and a ``.grad``
+that holds the workers' mean gradient when the script reads it (clipping).
 """
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+
+from .table_weight import TableWeight
 
 __all__ = ["DistributedEmbedding", "DistributedEmbeddingBag"]
 
@@ -32,6 +37,8 @@ class _TableModule(torch.nn.Module):
         self.scale_grad_by_freq = False
         self.sparse = True
         object.__setattr__(self, "_runtime", runtime)  # not a submodule
+        # the original Parameter, values freed: .grad is the workers' mean gradient
+        self.weight = TableWeight.adopt(original.weight, table, runtime)
 
     def _local(self, input):
         """``(rows leaf, local indices shaped like input, local padding index)``."""

@@ -21,8 +21,12 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..backend import array_module, cupy_module
+from ..backend import array_module, cupy_module, to_host
+from ..comm.sparse_collectives import allgather_sparse_many
 from ..errors import ConfigError
+from ..ops import dedup_sum
+from ..options import format_bytes, options
+from .table_weight import caller
 from .tensors import as_array, as_tensor
 
 __all__ = ["Runtime"]
@@ -49,6 +53,8 @@ class Runtime:
         #: shards of a mean loss); set per batch by the sharded data.
         self.scale = float(self.num_workers) if loss_reduction == "sum" else 1.0
         self.pending = {name: [] for name in tables}
+        self._leaves = {}  # {table: (replica array, leaf tensor over it)}
+        self._read, self._read_rows = {}, {}  # table gradients the script read this step
         self._dirty = False
         self._callback_queued = False
         self._handles = []
@@ -98,14 +104,37 @@ class Runtime:
         rows = self.sync.pull({name: p[1] for name, p in prepared.items()}, record=False)
         return {name: (inputs[name], *prepared[name], rows[name][1]) for name in inputs}
 
+    def replica(self, name):
+        """Table ``name`` as a leaf tensor over this worker's whole replica, or None.
+
+        A table synced by a replicated method (``allgather``, ``allreduce``:
+        every worker holds it whole, on the host) is looked up in place as
+        the plain model does, with no pull; its optimizer writes the same
+        memory. None for a table on the servers or on a GPU.
+        """
+        if self.tables[name]["device"].type != "cpu":
+            return None
+        replica = getattr(self.sync.sync[name], "replica", None)
+        if replica is None:
+            return None
+        array = replica.table
+        cached = self._leaves.get(name)
+        if cached is None or cached[0] is not array:
+            cached = self._leaves[name] = (array, torch.from_numpy(array).requires_grad_(True))
+        return cached[1]
+
     def lookup(self, name, input, padding_idx=None):
         """Rows of table ``name`` for ``input``'s ids; **collective** over the workers.
 
         Takes the rows :attr:`prefetch` pulled for ``input`` when there are,
-        else pulls them. Returns ``(rows, local indices shaped like input,
-        local padding index)``; ``rows`` requires grad when grad is enabled,
-        and is recorded for the push.
+        else pulls them; a replicated table is read in place
+        (:meth:`replica`, not collective). Returns ``(rows, indices into
+        rows shaped like input, padding index into rows)``; ``rows`` requires
+        grad when grad is enabled, and is recorded for the push.
         """
+        whole = self.replica(name)
+        if whole is not None:
+            return self._lookup_in_place(name, whole, input, padding_idx)
         entry = self.prefetch.take(name, input) if self.prefetch is not None else None
         if entry is None:
             entry = self.pull_many({name: input})[name][1:]
@@ -127,6 +156,17 @@ class Runtime:
             if where < len(ids) and int(ids[where]) == padding_idx:
                 local_padding = where
         return rows, as_tensor(inverse.reshape(input.shape)), local_padding
+
+    def _lookup_in_place(self, name, whole, input, padding_idx):
+        if input.dtype not in (torch.int64, torch.int32):
+            raise TypeError(f"table {name!r}: ids must be torch.int64 or torch.int32, "
+                            f"not {input.dtype}")
+        if torch.is_grad_enabled():
+            self.sync.record({name: as_array(input.reshape(-1))})
+            if not any(rows is whole for _, rows, _ in self.pending[name]):
+                self.pending[name].append((None, whole, self.scale))
+            self._dirty = True
+        return whole, input, padding_idx
 
     # --------------------------------------------------------------- backward
     def _scaler(self):
@@ -161,6 +201,84 @@ class Runtime:
             param.grad = torch.zeros_like(param)
         return as_array(param.grad)
 
+    # ------------------------------------------------------- a table's .grad
+    def table_grad(self, name):
+        """Table ``name``'s gradient as one process would hold it: the workers' mean, on
+        the table's device, sparse for a ``sparse=True`` table, else dense. None when
+        no backward pass filled it since the last push (local then). **Collective**
+        over the workers the first time per step (the rows of every worker are
+        gathered); later reads return the same tensor.
+        """
+        if name in self._read:
+            return self._read[name]
+        done = [(ids, rows.grad, scale) for ids, rows, scale in self.pending[name]
+                if rows.grad is not None]
+        if not done:  # every worker ran the same backward: none has a gradient either
+            return None
+        info = self.tables[name]
+        if not info["sparse"]:
+            need = info["rows"] * info["dim"] * np.dtype(info["dtype"]).itemsize
+            if need > options.replica_memory:
+                raise ConfigError(
+                    f"table {name!r}: its gradient, read at {caller()} (e.g. to clip it), "
+                    f"would be a dense {info['rows']:,} x {info['dim']} tensor "
+                    f"({format_bytes(need)}) on every worker, over HPCPAX_REPLICA_MEMORY "
+                    f"({format_bytes(options.replica_memory)}); clip the dense "
+                    "parameters only, or make the embedding sparse=True")
+        ids, values = self._table_gradient(name, done)
+        ids, values = to_host(ids), to_host(values)
+        if self.num_workers > 1:
+            unique, summed = allgather_sparse_many(self.topology, [name], [ids], [values])[0]
+            summed /= self.num_workers
+        else:
+            unique, summed = dedup_sum(ids, values)
+        rows = torch.from_numpy(summed)
+        if info["sparse"]:
+            grad = torch.sparse_coo_tensor(torch.from_numpy(unique)[None], rows,
+                                           (info["rows"], info["dim"]), is_coalesced=True)
+        else:
+            grad = torch.zeros((info["rows"], info["dim"]), dtype=rows.dtype)
+            grad[torch.from_numpy(unique)] = rows
+        self._read[name] = grad = grad.to(info["device"])
+        self._read_rows[name] = unique
+        return grad
+
+    def set_table_grad(self, name, value) -> None:
+        """``weight.grad = value``: None drops this step's gradient read (model.zero_grad);
+        a tensor shaped like the table is pushed in place of the recorded rows."""
+        if value is None:
+            self._read.pop(name, None)
+            self._read_rows.pop(name, None)
+            if not any(rows.grad is not None for _, rows, _ in self.pending[name]):
+                return
+            for _, rows, _ in self.pending[name]:
+                rows.grad = None  # as torch's zero_grad(set_to_none=True) would
+            return
+        info = self.tables[name]
+        if not isinstance(value, torch.Tensor) or tuple(value.shape) != (info["rows"],
+                                                                          info["dim"]):
+            raise ValueError(f"table {name!r}: .grad must be a tensor of shape "
+                             f"{(info['rows'], info['dim'])}, not {getattr(value, 'shape', value)}")
+        self._read[name] = value
+        self._read_rows[name] = None
+        self._dirty = True
+
+    def _read_gradient(self, name):
+        """``(ids, values)`` to push from the gradient the script read (and maybe changed)."""
+        grad, rows = self._read[name], self._read_rows[name]
+        if grad.is_sparse:
+            grad = grad.coalesce()
+            ids, values = grad.indices()[0], grad.values()
+        elif rows is None:  # set by the script: every row it holds
+            ids = torch.arange(grad.shape[0], device=grad.device)
+            values = grad
+        else:
+            ids = torch.from_numpy(rows).to(grad.device)
+            values = grad[ids]
+        # every worker pushes the same mean; the holders' mean of equal terms is it
+        return as_array(ids).astype(np.int64, copy=False), \
+            as_array(values.contiguous())
+
     # ------------------------------------------------------------------- step
     def before_step(self) -> None:
         """Push every table's gradient (one batched push); **collective** (workers).
@@ -175,9 +293,15 @@ class Runtime:
         for name, entries in self.pending.items():
             done = [(ids, rows.grad, scale) for ids, rows, scale in entries
                     if rows.grad is not None]
-            if done:
+            if name in self._read:
+                grads[name] = self._read_gradient(name)
+            elif done:
                 grads[name] = self._table_gradient(name, done)
+            for ids, rows, _ in entries:
+                if ids is None:  # a replica read in place: its gradient is this step's only
+                    rows.grad = None
         self.pending = {name: [] for name in self.tables}
+        self._read, self._read_rows = {}, {}
         used = list(grads)
         if not self._mask:
             used = list(self.tables)  # an empty push changes nothing: no need to agree
@@ -201,7 +325,7 @@ class Runtime:
         for ids, grad, scale in done:
             if grad.is_sparse:  # one row per occurrence, duplicates summed by the push
                 local = as_array(grad._indices()[0])
-                ids, grad = ids[local], grad._values()
+                ids, grad = (local if ids is None else ids[local]), grad._values()
             grad = as_array(grad if scale == 1.0 else grad * scale)
             xp_ids.append(ids)
             values.append(grad)
