@@ -40,10 +40,9 @@ class _TableModule(torch.nn.Module):
         # the original Parameter, values freed: .grad is the workers' mean gradient
         self.weight = TableWeight.adopt(original.weight, table, runtime)
 
-    def _local(self, input):
+    def _local(self, input, in_place=True):
         """``(rows leaf, local indices shaped like input, local padding index)``."""
-        rows, local, local_padding = self._runtime.lookup(self.table, input, self.padding_idx)
-        return rows, local, local_padding
+        return self._runtime.lookup(self.table, input, self.padding_idx, in_place)
 
     def extra_repr(self) -> str:
         return (f"{self.num_embeddings}, {self.embedding_dim}, table={self.table!r}, "
@@ -103,11 +102,13 @@ class DistributedEmbeddingBag(_TableModule):
 
     def forward(self, input, offsets=None, per_sample_weights=None):
         """``embedding_bag`` over the rows pulled for ``input``'s ids."""
-        rows, local, padding = self._local(input)
+        # torch has no sparse gradient for max bags: dense rows of the pulled ones
+        sparse = self.mode != "max"
+        rows, local, padding = self._local(input, in_place=sparse)
         return F.embedding_bag(local, rows, offsets, mode=self.mode,
                                per_sample_weights=per_sample_weights,
                                include_last_offset=self.include_last_offset,
-                               padding_idx=padding, sparse=True)
+                               padding_idx=padding, sparse=sparse)
 
     def extra_repr(self) -> str:
         """The module's repr arguments, with the bag mode."""

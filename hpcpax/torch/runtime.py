@@ -123,16 +123,17 @@ class Runtime:
             cached = self._leaves[name] = (array, torch.from_numpy(array).requires_grad_(True))
         return cached[1]
 
-    def lookup(self, name, input, padding_idx=None):
+    def lookup(self, name, input, padding_idx=None, in_place=True):
         """Rows of table ``name`` for ``input``'s ids; **collective** over the workers.
 
         Takes the rows :attr:`prefetch` pulled for ``input`` when there are,
         else pulls them; a replicated table is read in place
         (:meth:`replica`, not collective). Returns ``(rows, indices into
         rows shaped like input, padding index into rows)``; ``rows`` requires
-        grad when grad is enabled, and is recorded for the push.
+        grad when grad is enabled, and is recorded for the push. ``in_place``:
+        False where the lookup's gradient is dense (pulled rows keep it small).
         """
-        whole = self.replica(name)
+        whole = self.replica(name) if in_place else None
         if whole is not None:
             return self._lookup_in_place(name, whole, input, padding_idx)
         entry = self.prefetch.take(name, input) if self.prefetch is not None else None

@@ -4,9 +4,10 @@ Each model trains through the adapter (on 1 to 4 ranks, with and without a
 server) and in this one process on the same global batches, in float64; the
 parameters must agree within 1e-10 (relative):
 
-- a DLRM-style model whose forward takes offsets stacked ``(tables, batch)``
-  and a list of ragged index tensors (``EmbeddingBag`` sums with
-  per-sample weights, ``include_last_offset``, int32 indices), its batches
+- a DLRM-style model whose forward takes offsets stacked ``(tables, batch)``,
+  a list of ragged index tensors (``EmbeddingBag`` sums with per-sample
+  weights, ``include_last_offset``, int32 indices) and fixed-size bags
+  stacked ``(tables, batch, ids)``, its batches
   cut by sample with ``split=`` and :func:`hpcpax.torch.cut_bags`; all its
   tables are pulled in one exchange per step (prefetched from the list);
 - a DeepCTR-style model whose ids are columns of one float input cast in the
@@ -90,13 +91,16 @@ class Bags(nn.Module):
             nn.EmbeddingBag(ROWS[1], DIM, mode="sum", sparse=True),
             nn.EmbeddingBag(ROWS[2], DIM, mode="mean", sparse=True)])
         self.last = nn.EmbeddingBag(ROWS[0], DIM, mode="sum", include_last_offset=True)
-        self.top = nn.Linear(4 * DIM + 2, 1)
+        self.grid = nn.ModuleList([nn.EmbeddingBag(ROWS[1], DIM, mode="max"),
+                                   nn.EmbeddingBag(ROWS[2], DIM, mode="sum")])
+        self.top = nn.Linear(6 * DIM + 2, 1)
 
-    def forward(self, dense_x, lS_o, lS_i, weights, bag):
+    def forward(self, dense_x, lS_o, lS_i, weights, bag, grid):
         ly = [self.emb_l[0](lS_i[0], lS_o[0], per_sample_weights=weights),
               self.emb_l[1](lS_i[1], lS_o[1]),
               self.emb_l[2](lS_i[2], lS_o[2].to(torch.int32)),  # int32 ids and offsets
-              self.last(*bag)]
+              self.last(*bag),
+              self.grid[0](grid[0]), self.grid[1](grid[1])]  # stacked 2-D bags
         return self.top(torch.cat([dense_x] + ly, 1)).squeeze(1)
 
 
@@ -111,28 +115,30 @@ def bag_batches(count=5, seed=2):
                for t in range(4)]
         ids[2] = ids[2].to(torch.int32)
         bag = (ids[3], torch.cat([lS_o[3], ends[3, -1:]]))  # include_last_offset
+        grid = torch.stack([torch.randint(0, ROWS[1], (BATCH, 3), generator=g),
+                            torch.randint(0, ROWS[2], (BATCH, 3), generator=g)])
         out.append((torch.randn(BATCH, 2, generator=g, dtype=torch.float64), lS_o[:3],
                     ids[:3], torch.rand(len(ids[0]), generator=g, dtype=torch.float64), bag,
-                    torch.randn(BATCH, generator=g, dtype=torch.float64)))
+                    grid, torch.randn(BATCH, generator=g, dtype=torch.float64)))
     return out
 
 
 def cut_bag_batch(batch, start, stop):
     """Samples [start, stop) of a global batch (the ``split=`` function)."""
-    dense_x, lS_o, lS_i, weights, (ids, offsets), y = batch
+    dense_x, lS_o, lS_i, weights, (ids, offsets), grid, y = batch
     i0, o0, w0 = hpcpax.torch.cut_bags(lS_i[0], lS_o[0], start, stop,
                                        per_sample_weights=weights)
     i1, o1 = hpcpax.torch.cut_bags(lS_i[1], lS_o[1], start, stop)
     i2, o2 = hpcpax.torch.cut_bags(lS_i[2], lS_o[2], start, stop)
     bag = hpcpax.torch.cut_bags(ids, offsets, start, stop, include_last_offset=True)
     return (dense_x[start:stop], torch.stack([o0, o1, o2]), [i0, i1, i2], w0, bag,
-            y[start:stop])
+            grid[:, start:stop], y[start:stop])
 
 
 def bag_step(model, opt, batch):
-    dense_x, lS_o, lS_i, weights, bag, y = batch
+    dense_x, lS_o, lS_i, weights, bag, grid, y = batch
     opt.zero_grad()
-    ((model(dense_x, lS_o, lS_i, weights, bag) - y) ** 2).mean().backward()
+    ((model(dense_x, lS_o, lS_i, weights, bag, grid) - y) ** 2).mean().backward()
     opt.step()
 
 
@@ -160,9 +166,9 @@ def test_cut_bags_cuts_by_sample():
 def test_ragged_bags_with_weights_and_int32_ids_equal_one_process(comm, all_ok):
     for servers in layouts(comm):
         expected, got, calls = train_both(comm, build_bags, bag_batches(), bag_step, servers,
-                                          batch_dim=(0, 1, None, None, None, 0),
+                                          batch_dim=(0, 1, None, None, None, 1, 0),
                                           split=cut_bag_batch)
-        # 4 tables, one batched pull per step (a request and a reply exchange)
+        # 6 tables, one batched pull per step (a request and a reply exchange)
         ok = got is None or (close(expected, got) and calls == 4 * 2)
         assert all_ok(ok), (servers, calls)
 
