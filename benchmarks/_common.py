@@ -1,6 +1,7 @@
 """Helpers shared by the side-by-side benchmarks (not part of hpcpax).
 
 - :func:`emit`: print the one JSON line a benchmark reports (rank 0 only).
+- :func:`idle_wait`: a barrier for ranks idle while others are timed.
 - :func:`interleaved`: time several methods A B C A B C ... on the same data,
   each repetition bounded by barriers and taken as the slowest rank's time.
 - :func:`median`, :func:`ratio`: figures as the reports show them.
@@ -83,6 +84,13 @@ def interleaved(comm, methods: dict, repeats: int, warmup: int = 2, before=None)
             if step >= warmup:
                 times[name].append(elapsed)
     return times
+
+
+def idle_wait(comm, nap_s=0.005) -> None:
+    """A barrier that sleeps instead of spinning (ranks idle while others are timed)."""
+    request = comm.Ibarrier()
+    while not request.Test():
+        time.sleep(nap_s)
 
 
 def free_port() -> int:
