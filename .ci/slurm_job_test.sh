@@ -58,7 +58,7 @@ render_args=(
     --time 00:10:00
     --signal-seconds 30
     --slurm-output "$work/slurm-%j.out"
-    --activate "source '$venv/bin/activate'"
+    --activate "$venv/bin/activate"
     --train-args "$train_args"
     --run-dir "$run_dir"
     -o "$work/job.sbatch"

@@ -5,11 +5,18 @@ declares each placeholder, its default and a help line::
 
     #% ntasks_per_node = 4
     #%   MPI ranks per node: servers plus workers
+    #% train_args (words) = --model lm --steps 1000
+    #%   arguments of the training program
 
 ``#%`` lines are dropped from the output. A placeholder declared without
 ``=`` has no default and must be given. An ``#SBATCH`` line whose placeholder
 renders empty is disabled (written ``##SBATCH``, which Slurm ignores), so an
 empty ``partition`` means "the cluster's default".
+
+Values are data, never code (:mod:`hpcpax.app.jobscript_values`): each is
+written as one quoted word, a ``(words)`` placeholder as its words, each
+quoted; nothing in a value is expanded when the job runs. A value that the
+job should expand at run time (``$SLURM_JOB_NAME``) belongs in the template.
 
 Command line (flags are generated from the template's placeholders)::
 
@@ -26,26 +33,32 @@ import importlib.resources.abc
 import pathlib
 import re
 import sys
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, FrozenSet, List, Optional, Sequence, Tuple
 
 from ..errors import ConfigError
+from .jobscript_values import check_template_lines, check_text, sbatch_word, shell_word, split_words
 
 __all__ = ["Template", "render", "list_templates", "load_template", "check_values", "main"]
 
 SUFFIX = ".sbatch"
 _PLACEHOLDER = re.compile(r"\{\{\s*([A-Za-z_][A-Za-z0-9_]*)\s*\}\}")
-_DECLARATION = re.compile(r"^#%\s(?P<name>[A-Za-z_][A-Za-z0-9_]*)\s*(?:=\s?(?P<default>.*))?$")
+_DECLARATION = re.compile(r"^#%\s(?P<name>[A-Za-z_][A-Za-z0-9_]*)(?P<words>\s+\(words\))?"
+                          r"\s*(?:=\s?(?P<default>.*))?$")
 _HELP = re.compile(r"^#%\s{2,}(?P<help>\S.*)$")
 
 
 @dataclasses.dataclass(frozen=True)
 class Template:
-    """A parsed template: its body, and for each placeholder a default (None: required) and help."""
+    """A parsed template: its body, and for each placeholder a default (None: required) and help.
+
+    ``words`` names the placeholders declared ``(words)``: word lists, split and quoted word by word.
+    """
 
     name: str
     text: str
     defaults: Dict[str, Optional[str]]
     help: Dict[str, str]
+    words: FrozenSet[str] = frozenset()
 
     @property
     def placeholders(self) -> Tuple[str, ...]:
@@ -94,6 +107,7 @@ def _read(template: str) -> Tuple[str, str]:
 def _parse(name: str, source: str) -> Template:
     defaults: Dict[str, Optional[str]] = {}
     help_lines: Dict[str, str] = {}
+    words = set()
     body = []
     last = None
     for line in source.splitlines(keepends=True):
@@ -111,9 +125,13 @@ def _parse(name: str, source: str) -> Template:
                 raise ConfigError(f"template {name!r} declares placeholder {last!r} twice")
             default = declaration.group("default")
             defaults[last] = None if default is None else default.rstrip()
+            if declaration.group("words"):
+                words.add(last)
         else:
             last = None
-    return Template(name=name, text="".join(body), defaults=defaults, help=help_lines)
+    check_template_lines(name, "".join(body), frozenset(words))
+    return Template(name=name, text="".join(body), defaults=defaults, help=help_lines,
+                    words=frozenset(words))
 
 
 def load_template(template: str) -> Template:
@@ -126,6 +144,10 @@ def render(template: str, **values: object) -> str:
 
     Not collective; pure function of the template file and ``values``.
 
+    Every value is written as data: outside ``#SBATCH`` lines as one
+    shell-quoted word (a ``(words)`` placeholder: its words, each quoted),
+    in ``#SBATCH`` lines escaped for Slurm's directive parser.
+
     Args:
         template: a name from :func:`list_templates` or a path to a ``.sbatch`` file.
         **values: placeholder values (str, int or float).
@@ -135,7 +157,9 @@ def render(template: str, **values: object) -> str:
 
     Raises:
         ConfigError: unknown keyword, a placeholder with neither value nor
-            default, or an unknown template; the message names it.
+            default, an unknown template, a value with a control character,
+            a word list with unquoted shell syntax, or a value
+            :func:`check_values` refuses; the message names the flag.
     """
     parsed = load_template(template)
     known = parsed.placeholders
@@ -157,16 +181,23 @@ def render(template: str, **values: object) -> str:
             raise ConfigError(
                 f"template {parsed.name!r} needs a value for placeholder {{{{{name}}}}} (it has no default)")
     for name, value in resolved.items():
-        if "\n" in value:
-            raise ConfigError(f"{name} must be one line, not {value!r}")
+        check_text(_flag(name), value)
     check_values(resolved)
+    words = {name: split_words(_flag(name), resolved[name]) for name in parsed.words}
+
+    def written(name: str, directive: bool) -> str:
+        quote = sbatch_word if directive else shell_word
+        if name in words:
+            return " ".join(quote(word) for word in words[name])
+        return quote(resolved[name])
 
     lines = []
     for line in parsed.text.splitlines(keepends=True):
+        directive = line.startswith("#SBATCH")
         names = _PLACEHOLDER.findall(line)
-        rendered = _PLACEHOLDER.sub(lambda m: resolved[m.group(1)], line)
+        rendered = _PLACEHOLDER.sub(lambda m: written(m.group(1), directive), line)
         # An empty value disables its directive rather than passing Slurm an empty option.
-        if line.startswith("#SBATCH") and any(resolved[n] == "" for n in names):
+        if directive and any(resolved[n] == "" for n in names):
             rendered = "#" + rendered
         lines.append(rendered)
     return "".join(lines)
@@ -184,10 +215,12 @@ def check_values(values: Dict[str, str]) -> None:
     """Refuse values Slurm or hpcpax would refuse only once the job runs.
 
     Checks the placeholders with a known meaning that ``values`` has and
-    that are not empty: counts (:data:`_AT_LEAST`), ``time`` in one of
-    Slurm's forms, and at least one worker per node (``servers_per_node``
-    below ``ntasks_per_node``). A job script with such a value would wait
-    in the queue and then fail.
+    that are not empty: counts (:data:`_AT_LEAST`; a value is data, so
+    ``$SLURM_NTASKS`` is not a count), ``time`` in one of Slurm's forms, at
+    least one worker per node (``servers_per_node`` below
+    ``ntasks_per_node``), and ``activate`` naming a file rather than a
+    shell line. A job script with such a value would wait in the queue and
+    then fail.
 
     Raises:
         ConfigError: naming the flag, the value and what it must be.
@@ -195,7 +228,7 @@ def check_values(values: Dict[str, str]) -> None:
     numbers = {}
     for name, least in _AT_LEAST.items():
         text = values.get(name, "").strip()
-        if not text or "$" in text:  # empty: directive disabled; $VAR: set at run time
+        if not text:  # empty: directive disabled
             continue
         try:
             numbers[name] = int(text)
@@ -211,6 +244,14 @@ def check_values(values: Dict[str, str]) -> None:
             and numbers["servers_per_node"] >= numbers["ntasks_per_node"]:
         raise ConfigError(f"--servers-per-node {numbers['servers_per_node']} leaves no worker "
                           f"among --ntasks-per-node {numbers['ntasks_per_node']} ranks per node")
+    activate = values.get("activate", "")
+    if re.match(r"(source|\.)\s", activate):
+        raise ConfigError(f"--activate must be the file to source (the job runs `source FILE`), "
+                          f"not the shell line {activate!r}")
+
+
+#: A shell variable reference, which a value keeps as written.
+_VARIABLE = re.compile(r"\$\{?[A-Za-z_]")
 
 
 def _flag(name: str) -> str:
@@ -252,6 +293,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         for name in template.placeholders:
             default = template.defaults.get(name)
             text = template.help.get(name, "")
+            if name in template.words:
+                text += "; split into words, quote a word holding spaces or shell syntax"
             text += " (required)" if default is None else f" (default: {default!r})"
             # Both spellings work: --ntasks-per-node and --ntasks_per_node.
             flags = [_flag(name)] + ([f"--{name}"] if "_" in name else [])
@@ -263,8 +306,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
               if getattr(args, name) is not None}
     try:
         text = render(args.template, **values)
-    except ConfigError as error:
-        parser.error(str(error))
+    except ConfigError as error:  # one line: the flag and its value, no usage text
+        parser.exit(2, f"{parser.prog}: error: {error}\n")
+    for name, value in values.items():
+        if name not in template.words and _VARIABLE.search(value):
+            sys.stderr.write(f"{parser.prog}: note: {_flag(name)} {value!r} is used as written; "
+                             f"$ is not expanded when the job runs (to expand it now, "
+                             f"double-quote it in your shell)\n")
     if args.output_file:
         pathlib.Path(args.output_file).write_text(text)
     else:

@@ -2,8 +2,9 @@
 
 One slurmd per node namespace (``hpx1..3``, partition ``cluster`` of the
 slurm.conf that ``.ci/slurm_up.sh`` writes); the single-node ``vm`` node and
-its partition are untouched. The job is rendered once and submitted with
-``sbatch -N 2`` and ``-N 3`` at the same time (the nodes are shared, as the
+its partition are untouched. The job is rendered once per node count (each
+with its own run directory) and submitted with ``sbatch -N 2`` and ``-N 3``
+at the same time (the nodes are shared, as the
 host node is); each run saw that many nodes and counted inter-node bytes,
 and at least those bytes crossed the veth links (the nodes' slurmd gives
 every task the cluster's transport settings).
@@ -70,15 +71,16 @@ def slurm_cluster():
             emu.down(SLURM_PREFIX, log=lambda text: None)
 
 
-def _render(tmp_path):
+def _render(tmp_path, nodes):
+    """The multi-node template rendered for a job of ``nodes`` nodes, writing to ``run{nodes}``."""
     venv = os.path.dirname(os.path.dirname(sys.executable))
-    script = tmp_path / "job.sbatch"
+    script = tmp_path / f"job{nodes}.sbatch"
     subprocess.run([sys.executable, "-m", "hpcpax.jobscript", "multi_node", "--job-name",
                     "hpcpax-cluster-test", "--nodes", "2", "--ntasks-per-node", "2",
                     "--time", "00:05:00", "--partition", "cluster", "--signal-seconds", "30",
-                    "--activate", f"source '{venv}/bin/activate'",
+                    "--activate", f"{venv}/bin/activate",
                     "--train-args", " ".join(TINY + ["--steps", "5"]),
-                    "--checkpoint-every", "0", "--run-dir", "$HPCPAX_TEST_RUN_DIR",
+                    "--checkpoint-every", "0", "--run-dir", str(tmp_path / f"run{nodes}"),
                     "-o", str(script)], check=True, cwd=ROOT, timeout=60)
     return script
 
@@ -142,15 +144,15 @@ def _pmi_garbled(tmp, nodes, job_id, marks) -> bool:
     return any(marker in text for marker in PMI_GARBLED)
 
 
-def _submit(tmp, script, nodes, attempt=1):
-    """``(job id, run dir, slurmd log marks)`` of the script submitted with ``-N nodes``."""
-    run_dir = tmp / f"run{nodes}"
+def _submit(tmp, nodes, attempt=1):
+    """``(job id, run dir, slurmd log marks)`` of ``_render(tmp, nodes)``'s script, ``-N nodes``."""
+    script, run_dir = tmp / f"job{nodes}.sbatch", tmp / f"run{nodes}"
     if attempt > 1:
         (tmp / f"slurm-{nodes}.out").rename(tmp / f"slurm-{nodes}.attempt{attempt - 1}.out")
     marks = _log_marks()
     result = subprocess.run(["sbatch", "--parsable", "-N", str(nodes), "--chdir", str(ROOT),
                              "--output", str(tmp / f"slurm-{nodes}.out"), "--export",
-                             f"ALL,HPCPAX_TEST_RUN_DIR={run_dir},JOB_ATTEMPT={attempt},"
+                             f"ALL,JOB_ATTEMPT={attempt},"
                              f"JOB_ENV_PAD={'x' * (13 * attempt)}",
                              str(script)], capture_output=True, text=True, timeout=30)
     assert result.returncode == 0, result.stderr
@@ -204,9 +206,10 @@ def jobs(slurm_cluster, tmp_path_factory):
     from hpcpax.cluster import link_counters
 
     tmp = tmp_path_factory.mktemp("multi_node")
-    script = _render(tmp)
+    for nodes in (2, 3):
+        _render(tmp, nodes)
     before = link_counters(slurm_cluster)
-    submitted = {nodes: _submit(tmp, script, nodes) for nodes in (2, 3)}
+    submitted = {nodes: _submit(tmp, nodes) for nodes in (2, 3)}
     states = _wait(tmp, submitted, time.monotonic() + 200)
     # MPICH's PMI-1 client over Slurm's pmi2 plugin can garble a long wire-up value
     # in MPI_Init ("mpi/pmi2: value not properly terminated in client request"; the
@@ -217,7 +220,7 @@ def jobs(slurm_cluster, tmp_path_factory):
     # variable of another length (twice at most); if MPI still cannot start, the
     # test skips naming the fault.
     for attempt in (2, 3):
-        retry = {n: _submit(tmp, script, n, attempt=attempt) for n in submitted
+        retry = {n: _submit(tmp, n, attempt=attempt) for n in submitted
                  if states[n].get("garbled")}
         if not retry:
             break

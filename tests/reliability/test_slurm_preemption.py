@@ -49,7 +49,7 @@ def _script(tmp_path, run_dir, steps, checkpoint_every):
     subprocess.run([sys.executable, "-m", "hpcpax.jobscript", "single_node", "--job-name",
                     "hpcpax-rel", "--ntasks-per-node", "4", "--time", "00:10:00",
                     "--slurm-output", str(tmp_path / "slurm-%j.out"),
-                    "--activate", f"source '{Path(sys.executable).parent / 'activate'}'",
+                    "--activate", str(Path(sys.executable).parent / "activate"),
                     "--train-args", " ".join(TINY + ["--steps", str(steps)]),
                     "--checkpoint-every", str(checkpoint_every),
                     "--run-dir", str(run_dir), "-o", str(script)], cwd=ROOT, check=True)

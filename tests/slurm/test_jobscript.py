@@ -84,10 +84,10 @@ def test_script_template_runs_a_users_script(tmp_path):
 def test_values_override_defaults(tmp_path):
     text = render("single_node", job_name="ci", ntasks_per_node=3, partition="gpu",
                   time="00:05:00", train_args="--model ctr --steps 7", run_dir="/scratch/r1",
-                  activate="source /opt/venv/bin/activate", command="python -m mpi4py train.py")
+                  activate="/opt/venv/bin/activate", command="python -m mpi4py train.py")
     for needle in ["#SBATCH --job-name=ci\n", "#SBATCH --ntasks-per-node=3\n",
                    "#SBATCH --partition=gpu\n", "#SBATCH --time=00:05:00\n",
-                   "\nsource /opt/venv/bin/activate\n", 'RUN_DIR="/scratch/r1"',
+                   "\nACTIVATE=/opt/venv/bin/activate\n", "\nRUN_DIR=/scratch/r1\n",
                    "python -m mpi4py train.py --model ctr --steps 7 \\\n"]:
         assert needle in text, needle
     bash_syntax_ok(text, tmp_path)
@@ -107,7 +107,7 @@ def test_unknown_keyword():
 def test_bad_value_type():
     with pytest.raises(ConfigError, match="nodes must be str, int or float, not list"):
         render("single_node", nodes=[1])
-    with pytest.raises(ConfigError, match="job_name must be one line"):
+    with pytest.raises(ConfigError, match="--job-name must be one line without control"):
         render("single_node", job_name="a\nb")
 
 
@@ -130,9 +130,12 @@ def test_every_slurm_time_form_renders(time):
     assert f"--time={time}" in render("multi_node", time=time)
 
 
-def test_empty_and_run_time_values_are_not_checked():
+def test_empty_values_are_not_checked_and_variables_are_not_counts():
     assert "##SBATCH --gpus-per-node=" in render("multi_node", gpus_per_node="")
-    assert "$SLURM_NTASKS" in render("multi_node", checkpoint_every="$SLURM_NTASKS")
+    # A value is data, never expanded when the job runs: "$SLURM_NTASKS" is no count.
+    with pytest.raises(ConfigError, match=re.escape(
+            "--checkpoint-every must be an int >= 0, not '$SLURM_NTASKS'")):
+        render("multi_node", checkpoint_every="$SLURM_NTASKS")
 
 
 def test_unknown_template():

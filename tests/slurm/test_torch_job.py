@@ -35,7 +35,7 @@ def test_torch_example_under_srun_equals_one_process(tmp_path):
     render = [sys.executable, "-m", "hpcpax.jobscript", "script", "--job-name", "hpcpax-torch",
               "--ntasks-per-node", "4", "--time", "00:10:00",
               "--slurm-output", str(tmp_path / "slurm-%j.out"),
-              "--activate", f"source '{venv}/bin/activate'",
+              "--activate", f"{venv}/bin/activate",
               "--script", "examples/torch_dlrm.py",
               "--script-args", " ".join(ARGS + ["--dump", str(four)]), "-o", str(job)]
     subprocess.run(render, cwd=ROOT, check=True, timeout=60)
