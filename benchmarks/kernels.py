@@ -76,7 +76,11 @@ def cpu_benchmark(quick: bool, repeats: int) -> dict:
 
     unique, summed = dedup_sum(ids, values)  # compile / warm caches
     reference = add_at()
-    assert np.array_equal(unique, reference[0]) and np.array_equal(summed, reference[1])
+    # ids past SUM_CHUNK repeats are summed in chunks (hpcpax.ops.summation): equal to rounding
+    magnitude = np.zeros_like(summed)
+    np.add.at(magnitude, np.searchsorted(unique, ids), np.abs(values))
+    assert np.array_equal(unique, reference[0])
+    assert np.all(np.abs(summed - reference[1]) <= 1e-5 * magnitude)
     t = _median_times({"hpcpax": lambda: dedup_sum(ids, values), "add_at": add_at, "copy": copy},
                       repeats)
     input_bytes = ids.nbytes + values.nbytes

@@ -1,0 +1,75 @@
+"""The CUDA path on the CPU: tests/gpu/test_kernels_gpu.py against the kernels built by g++.
+
+``cuda_emulator.FakeCupy`` stands in for CuPy: the launchers and op bodies
+of ``hpcpax/ops/_cuda.py`` run as on a GPU, and every ``kernels/*.cu``
+kernel runs as C++ on the host, thread by thread. So the summation order of
+the CUDA kernels (stable sort, segments, chunks, the fixed tree), their
+vector widths and team sizes, and every launcher's arguments are checked
+bit for bit against the NumPy twins without a GPU. Skipped without g++.
+"""
+
+import importlib
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "gpu"))
+import cuda_emulator  # noqa: E402
+import test_kernels_gpu  # noqa: E402
+from test_kernels_gpu import *  # noqa: E402,F401,F403  (the GPU tests, run here on the emulator)
+
+pytestmark = []  # not "gpu": no device needed
+
+
+@pytest.fixture(scope="module")
+def cp():
+    """The emulated ``cupy``, installed as hpcpax's CuPy for this module's tests."""
+    if cuda_emulator.compiler() is None:
+        pytest.skip("needs a C++ compiler (g++) for the CUDA emulator")
+    from hpcpax import backend, ops
+
+    saved = backend._CUPY, backend._CUPY_TRIED
+    fake = cuda_emulator.FakeCupy()
+    backend._CUPY, backend._CUPY_TRIED = fake, True
+    sys.modules.pop("hpcpax.ops._cuda", None)
+    importlib.import_module("hpcpax.ops._cuda")
+    try:
+        yield fake
+    finally:
+        backend._CUPY, backend._CUPY_TRIED = saved
+        sys.modules.pop("hpcpax.ops._cuda", None)
+        if hasattr(ops, "_cuda"):
+            delattr(ops, "_cuda")
+
+
+def test_emulator_refuses_a_python_int(cp):
+    from hpcpax.ops import _cuda
+
+    kernel = _cuda.get_function("gather_rows.cu", "gather_rows<float, 1>")
+    table, ids, out = cp.zeros((4, 2), cp.float32), cp.zeros(3, cp.int64), cp.zeros((3, 2), cp.float32)
+    with pytest.raises(TypeError, match="argument 2 must be an array or a NumPy scalar, not int"):
+        kernel((1,), (32,), (table, ids, 3, np.int64(2), np.int32(2), out))
+    with pytest.raises(TypeError, match="argument 2 must be a 8-byte scalar, not int32"):
+        kernel((1,), (32,), (table, ids, np.int32(3), np.int64(2), np.int32(2), out))
+    with pytest.raises(TypeError, match="takes 6 arguments, not 5"):
+        kernel((1,), (32,), (table, ids, np.int64(3), np.int64(2), out))
+
+
+def test_emulated_kernels_really_run(cp):
+    # the bit-equal results above come from the kernels: count their launches
+    from hpcpax.ops import _cuda, dedup_sum
+
+    ids = np.repeat(np.arange(3), [1, 70, 200])
+    values = np.random.default_rng(0).standard_normal((ids.size, 8)).astype(np.float32)
+    dedup_sum(cp.asarray(ids), cp.asarray(values))
+    module = _cuda._MODULES[("dedup_sum.cu", 0)]
+    launched = {name: k.launches for name, k in module.kernels.items()}
+    assert launched["segment_sum_short<float, 4>"] >= 1
+    assert launched["segment_chunk_sums<float, 4>"] >= 1
+    assert launched["segment_tree<float, 4>"] >= 1
+
+
+def test_the_gpu_module_is_what_runs_here():
+    assert test_kernels_gpu.pytestmark.name == "gpu"
