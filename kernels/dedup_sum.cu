@@ -39,13 +39,14 @@ __global__ void segment_sum_short(const T* __restrict__ values, const hp_index* 
 }
 
 // chunk_owner[long_first[i] + c] = i for every chunk c of long segment i
-// (long_segments[i]); one thread per long segment.
+// (long_segments[i]; -1: padding, no chunks); one thread per long segment.
 __global__ void long_chunk_map(const hp_index* __restrict__ long_segments,
                                const hp_index* __restrict__ long_first,
                                const hp_index* __restrict__ starts, hp_index n_long,
                                hp_index* __restrict__ chunk_owner) {
     HP_GRID_LOOP(i, n_long) {
         const hp_index s = long_segments[i];
+        if (s < 0) continue;
         const hp_index chunks = (starts[s + 1] - starts[s] + HP_SUM_CHUNK - 1) / HP_SUM_CHUNK;
         for (hp_index c = 0; c < chunks; ++c) chunk_owner[long_first[i] + c] = i;
     }
@@ -83,6 +84,7 @@ __global__ void segment_chunk_sums(const T* __restrict__ values, const hp_index*
 // level stride = 1, 2, 4, ... adds chunk p*2*stride + stride into chunk
 // p*2*stride (pairwise left to right, an odd last one carried), then the
 // result (chunk 0) goes to out row s (dedup) or out_rows[s] (scatter).
+// Entries -1 of long_segments are padding.
 template <typename T, int VEC>
 __global__ void segment_tree(T* __restrict__ partial, const hp_index* __restrict__ long_segments,
                              const hp_index* __restrict__ long_first,
@@ -91,6 +93,7 @@ __global__ void segment_tree(T* __restrict__ partial, const hp_index* __restrict
                              T* __restrict__ out) {
     for (hp_index i = blockIdx.x; i < n_long; i += gridDim.x) {
         const hp_index s = long_segments[i];
+        if (s < 0) continue;  // padding (the same for the whole block)
         const hp_index chunks = (starts[s + 1] - starts[s] + HP_SUM_CHUNK - 1) / HP_SUM_CHUNK;
         T* first = partial + long_first[i] * nvec * VEC;
         for (hp_index stride = 1; stride < chunks; stride *= 2) {

@@ -42,6 +42,7 @@ _TREE_THREADS = header_constant("HP_TREE_THREADS")
 NARROW_SORT_MIN = 1 << 16
 _MODULES: dict = {}
 _SM_COUNT: dict = {}
+_LOOKUPS: dict = {}
 _CTYPE = {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}
 _INT64 = (np.dtype(np.int64),)
 _FLOAT = tuple(_CTYPE)
@@ -159,8 +160,9 @@ def launch_segment_sum_short(values, order, starts, out, out_rows=None) -> None:
 
 
 def launch_long_segments(values, order, starts, long_segments, out, out_rows=None) -> None:
-    """Segments ``long_segments`` (each longer than ``SUM_CHUNK`` rows): chunk
-    sums, then the fixed tree, into ``out`` as :func:`launch_segment_sum_short`."""
+    """Segments ``long_segments`` (each longer than ``SUM_CHUNK`` rows; ``-1``
+    entries are padding): chunk sums, then the fixed tree, into ``out`` as
+    :func:`launch_segment_sum_short`. Sized from the host shapes alone: no sync."""
     rows = starts if out_rows is None else out_rows
     _check_segments(values, order, starts, out, rows)
     _check_arrays(long_segments=long_segments)
@@ -168,7 +170,9 @@ def launch_long_segments(values, order, starts, long_segments, out, out_rows=Non
     n_long, dim = long_segments.size, values.shape[1]
     if n_long == 0 or dim == 0:
         return
-    chunks = (starts[long_segments + 1] - starts[long_segments] + SUM_CHUNK - 1) >> SUM_CHUNK_SHIFT
+    real = long_segments >= 0
+    segment = cp.maximum(long_segments, 0)
+    chunks = cp.where(real, (starts[segment + 1] - starts[segment] + SUM_CHUNK - 1) >> SUM_CHUNK_SHIFT, 0)
     long_first = cp.cumsum(chunks) - chunks
     # at most n / SUM_CHUNK + n_long chunks: sized without asking the device
     max_chunks = values.shape[0] // SUM_CHUNK + n_long
@@ -276,9 +280,17 @@ def _group_sorted(indices, bound=None):
     return order, starts, sorted_ids[heads]
 
 
-def _long_segments(starts):
-    """Indices of the segments longer than ``SUM_CHUNK`` rows (int64)."""
-    return cp.flatnonzero((starts[1:] - starts[:-1]) > SUM_CHUNK).astype(cp.int64, copy=False)
+def _long_segments(starts, n):
+    """The segments longer than ``SUM_CHUNK`` rows, in order, then ``-1`` up to
+    ``n // (SUM_CHUNK + 1)`` entries (no more can be that long): no device sync."""
+    bound = n // (SUM_CHUNK + 1)
+    n_unique = starts.size - 1
+    is_long = (starts[1:] - starts[:-1]) > SUM_CHUNK
+    # the k-th long segment goes to slot k, every other one to a discarded last slot
+    slot = cp.where(is_long, cp.cumsum(is_long) - 1, bound)
+    found = cp.full(bound + 1, -1, cp.int64)
+    found[slot] = cp.arange(n_unique, dtype=cp.int64)
+    return found[:bound]
 
 
 def dedup_sum(indices, values):
@@ -288,7 +300,7 @@ def dedup_sum(indices, values):
     order, starts, unique = _group_sorted(indices)
     out = cp.empty((unique.size, dim), values.dtype)
     launch_segment_sum_short(values, order, starts, out)
-    launch_long_segments(values, order, starts, _long_segments(starts), out)
+    launch_long_segments(values, order, starts, _long_segments(starts, indices.size), out)
     return unique, out
 
 
@@ -303,18 +315,31 @@ def scatter_add_rows(table, ids, values):
     if ids.size:
         order, starts, unique = _group_sorted(ids, bound=table.shape[0])
         launch_segment_sum_short(values, order, starts, table, unique)
-        launch_long_segments(values, order, starts, _long_segments(starts), table, unique)
+        launch_long_segments(values, order, starts, _long_segments(starts, ids.size), table, unique)
     return table
+
+
+def _device_lookup(table):
+    """``table`` (a small host int array) on the current device, uploaded once."""
+    key = (cp.cuda.Device().id, table.tobytes())
+    found = _LOOKUPS.get(key)
+    if found is None:
+        if len(_LOOKUPS) >= 64:  # a handful of layouts per job; drop the oldest
+            _LOOKUPS.pop(next(iter(_LOOKUPS)))
+        found = _LOOKUPS[key] = cp.asarray(table, cp.int64)
+    return found
 
 
 def partition_pack(indices, values, partitioning, dest_of_part, num_dest):
     n = indices.size
     parts = cp.empty(n, cp.int64)
     launch_partition_of(indices, partitioning, parts)
-    # destination of each row: a lookup on the device, no host round trip
-    keys = parts if dest_of_part is None else cp.asarray(dest_of_part, cp.int64)[parts]
+    # destination of each row: a lookup on the device, the table uploaded once per layout
+    keys = parts if dest_of_part is None else _device_lookup(dest_of_part)[parts]
     order = cp.argsort(keys)  # stable: input order kept within a destination
-    counts = cp.bincount(keys, minlength=num_dest).get().astype(np.int64)
+    # rows per destination from the sorted keys: no max to read back, as bincount would
+    edges = cp.searchsorted(keys[order], cp.arange(num_dest + 1, dtype=cp.int64))
+    counts = (edges[1:] - edges[:-1]).get().astype(np.int64)  # the one sync: MPI needs them
     if values is None or values.shape[1] == 0:
         packed_ids = indices[order]
         packed_values = None if values is None else cp.empty_like(values)

@@ -228,11 +228,63 @@ class _Device:
         return False
 
 
+#: Host round trips the code under test made (what waits for the device in
+#: CuPy: ``get``, a Python number from an array, a boolean mask, functions
+#: whose output size depends on the data), and host-to-device uploads.
+COUNTS = {"syncs": 0, "uploads": 0}
+_SYNCING = ("flatnonzero", "nonzero", "argwhere", "unique", "compress", "extract", "bincount",
+            "asnumpy")
+
+
+def _sync():
+    COUNTS["syncs"] += 1
+
+
 class ndarray(np.ndarray):  # noqa: N801  (CuPy's name)
     """A NumPy array that hpcpax takes for a CuPy one."""
 
     def get(self, stream=None, out=None):
+        _sync()
         return np.array(self, copy=True).view(np.ndarray)
+
+    def __getitem__(self, key):
+        if isinstance(key, np.ndarray) and key.dtype == bool:
+            _sync()  # the result's size depends on the data
+        return super().__getitem__(key)
+
+    def item(self, *args):
+        _sync()
+        return super().item(*args)
+
+    def tolist(self):
+        _sync()
+        return super().tolist()
+
+    def __int__(self):
+        _sync()
+        return int(np.asarray(self).view(np.ndarray))
+
+    def __float__(self):
+        _sync()
+        return float(np.asarray(self).view(np.ndarray))
+
+    def __bool__(self):
+        _sync()
+        return bool(np.asarray(self).view(np.ndarray))
+
+    def __index__(self):
+        _sync()
+        return int(np.asarray(self).view(np.ndarray))
+
+    # CuPy's reductions give 0-d device arrays (no sync until read)
+    def min(self, *args, **kwargs):
+        return np.asarray(super().min(*args, **kwargs)).view(ndarray)
+
+    def max(self, *args, **kwargs):
+        return np.asarray(super().max(*args, **kwargs)).view(ndarray)
+
+    def sum(self, *args, **kwargs):
+        return np.asarray(super().sum(*args, **kwargs)).view(ndarray)
 
     @property
     def device(self):
@@ -282,9 +334,10 @@ def FakeCupy(sm_count: int = 1) -> types.ModuleType:  # noqa: N802  (stands for 
     module.asnumpy = lambda a: np.asarray(_unwrap(a))
 
     def asarray(a, dtype=None):
-        if isinstance(a, ndarray) and (dtype is None or a.dtype == np.dtype(dtype)):
-            return a
-        return np.array(_unwrap(a), dtype=dtype, copy=True).view(ndarray)  # a copy, as to a device
+        if isinstance(a, ndarray):
+            return a if dtype is None or a.dtype == np.dtype(dtype) else a.astype(dtype)
+        COUNTS["uploads"] += 1
+        return np.array(a, dtype=dtype, copy=True).view(ndarray)  # a copy, as to a device
 
     module.asarray = module.array = asarray
     # CuPy sorts stably (a radix sort); NumPy's default quicksort does not
@@ -297,6 +350,8 @@ def FakeCupy(sm_count: int = 1) -> types.ModuleType:  # noqa: N802  (stands for 
             return value
 
         def call(*args, **kwargs):
+            if name in _SYNCING:
+                _sync()
             return _wrap(value(*_unwrap(args), **{k: _unwrap(v) for k, v in kwargs.items()}))
 
         return call

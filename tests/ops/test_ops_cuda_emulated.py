@@ -73,3 +73,36 @@ def test_emulated_kernels_really_run(cp):
 
 def test_the_gpu_module_is_what_runs_here():
     assert test_kernels_gpu.pytestmark.name == "gpu"
+
+
+def _round_trips(fn):
+    """(syncs, uploads) the device path of ``fn()`` makes (inputs already uploaded)."""
+    before = dict(cuda_emulator.COUNTS)
+    fn()
+    return tuple(cuda_emulator.COUNTS[k] - before[k] for k in ("syncs", "uploads"))
+
+
+@pytest.mark.parametrize("n", [5_000, 80_000])
+def test_device_round_trips_are_counted(cp, n):
+    # Each op waits for the device only where the host must know a number:
+    # dedup_sum the unique ids' count (and, from NARROW_SORT_MIN ids on, their
+    # range, for 32-bit sort keys); scatter/gather the bounds check; packing
+    # the counts MPI needs. Long segments, chunks and the device lookup table
+    # of destinations cost none (a second flatnonzero, bincount's max and a
+    # per-call upload of the table did before).
+    from hpcpax.ops import _cuda, dedup_sum, gather_rows, partition_pack, scatter_add_rows
+    from hpcpax.ops.partitioning import Partitioning
+
+    rng = np.random.default_rng(9)
+    ids = cp.asarray(np.minimum(rng.zipf(1.1, n) - 1, 9_999))  # long segments too
+    values = cp.asarray(rng.standard_normal((n, 16)).astype(np.float32))
+    table = cp.zeros((10_000, 16), cp.float32)
+    dedup_sum(ids, values)  # compile
+    narrow = 1 if n >= _cuda.NARROW_SORT_MIN else 0
+    assert _round_trips(lambda: dedup_sum(ids, values)) == (1 + narrow, 0)
+    assert _round_trips(lambda: scatter_add_rows(table, ids, values)) == (2, 0)
+    assert _round_trips(lambda: gather_rows(table, ids)) == (1, 0)
+    part, lut = Partitioning("mod", 10_000, 6), np.array([0, 2, 1, 0, 2, 1])
+    partition_pack(ids, values, part, lut, 3, in_range=True)  # uploads the table once
+    assert _round_trips(lambda: partition_pack(ids, values, part, lut, 3, in_range=True)) == (1, 0)
+    assert _round_trips(lambda: partition_pack(ids, None, part, in_range=True)) == (1, 0)
