@@ -106,3 +106,19 @@ def test_device_round_trips_are_counted(cp, n):
     partition_pack(ids, values, part, lut, 3, in_range=True)  # uploads the table once
     assert _round_trips(lambda: partition_pack(ids, values, part, lut, 3, in_range=True)) == (1, 0)
     assert _round_trips(lambda: partition_pack(ids, None, part, in_range=True)) == (1, 0)
+
+
+def test_the_device_trial_runs_the_gpu_path(cp):
+    # --device auto's trial on the device: batch and rows uploaded, the model's
+    # step, dedup_sum on the device, gradients read back (what it counts)
+    from hpcpax.app.device_choice import measure_step
+    from hpcpax.models import build_model
+
+    model = build_model("lm", vocab_size=300, context=3, emb_dim=8, hidden=[16], out_dim=8,
+                        num_sampled=16)
+    before = dict(cuda_emulator.COUNTS)
+    seconds = measure_step(model, {"seed": 0, "optimizer": "adam", "lr": 0.01}, cp, 12, steps=2)
+    assert seconds > 0
+    # 3 steps (one warm-up), each: the batch (2 arrays) and 3 tables' rows (2 arrays each) up
+    assert cuda_emulator.COUNTS["uploads"] - before["uploads"] >= 3 * 8
+    assert cuda_emulator.COUNTS["syncs"] > before["syncs"]
