@@ -122,3 +122,35 @@ def test_the_device_trial_runs_the_gpu_path(cp):
     # 3 steps (one warm-up), each: the batch (2 arrays) and 3 tables' rows (2 arrays each) up
     assert cuda_emulator.COUNTS["uploads"] - before["uploads"] >= 3 * 8
     assert cuda_emulator.COUNTS["syncs"] > before["syncs"]
+
+
+def _device_rows(cp, model, batch, step):
+    rows = {}
+    specs = {s.name: s for s in model.sparse_specs()}
+    for name, ids in model.sparse_ids(batch, step).items():
+        unique = cp.unique(ids)
+        rows[name] = (unique, cp.zeros((unique.size, specs[name].dim), model.dtype) + 0.01)
+    return rows
+
+
+@pytest.mark.parametrize("kind", ["lm", "ctr"])
+def test_a_models_step_uploads_only_its_data(cp, kind):
+    # A GPU worker's forward/backward uploads nothing per step but the lm's
+    # negatives of that step, once for sparse_ids and the forward pass
+    # together (the ctr's pair indices once per model, the masked logit never).
+    from hpcpax.models import build_model
+
+    flags = ({"vocab_size": 300, "context": 3, "emb_dim": 8, "hidden": [16], "out_dim": 8,
+              "num_sampled": 16} if kind == "lm" else
+             {"n_dense": 3, "n_fields": 4, "table_rows": [50, 60, 70, 80], "emb_dim": 4,
+              "bottom": [8, 4], "top": [8]})
+    model = build_model(kind, **flags)
+    batch = {k: cp.asarray(v) for k, v in model.example_batch(12).items()}
+    dense = {k: cp.asarray(v) for k, v in model.init_dense().items()}
+    model.forward_backward(dense, _device_rows(cp, model, batch, 0), batch, 0)  # first step
+    for step in (1, 2):
+        before = cuda_emulator.COUNTS["uploads"]
+        rows = _device_rows(cp, model, batch, step)  # the trainer's sparse_ids, then the pull
+        model.sparse_ids(batch, step)
+        model.forward_backward(dense, rows, batch, step)
+        assert cuda_emulator.COUNTS["uploads"] - before == (1 if kind == "lm" else 0), step
