@@ -305,18 +305,23 @@ def scatter_add_hashed(table, ids, values, shift):
         if cursor[h] >= 0:
             for c in range(dim):
                 scratch[cursor[h] >> shift, c] = table[keys[h], c]
-    for k in range(n):
+    for k in range(n):  # destinations first, in an integer loop: the table row or ~ a scratch row
         h = slot[k]
         at = cursor[h]
         if at < 0:
-            r = ids[k]
-            for c in range(dim):
-                table[r, c] += values[k, c]
+            slot[k] = ids[k]
         else:
-            row = at >> shift
-            for c in range(dim):
-                scratch[row, c] += values[k, c]
+            slot[k] = ~(at >> shift)
             cursor[h] = at + 1
+    for k in range(n):
+        d = slot[k]
+        if d >= 0:
+            for c in range(dim):
+                table[d, c] += values[k, c]
+        else:
+            d = ~d
+            for c in range(dim):
+                scratch[d, c] += values[k, c]
     for h in range(size):
         if cursor[h] >= 0:
             first = (cursor[h] - count[h]) >> shift
