@@ -69,7 +69,7 @@ def gather_rows_reference(table, ids, out=None):
 def gather_rows(table, ids, out=None):
     """Copy rows ``table[ids]`` into a new (or the given) array.
 
-    Dispatches on the table's device: CuPy runs ``kernels/gather_scatter.cu``,
+    Dispatches on the table's device: CuPy runs ``kernels/gather_rows.cu``,
     NumPy the Numba kernel (parallel over ids) or :func:`gather_rows_reference`.
     Not collective.
 
