@@ -129,7 +129,8 @@ class Option:
 
 OPTIONS = (
     Option("device", _choice("cpu", "gpu", "auto"), "auto",
-           "worker device: cpu, gpu or auto (a GPU when CuPy sees one)"),
+           "worker device: cpu, gpu or auto (a GPU when CuPy sees one; python -m hpcpax.train "
+           "only if a trial step measured faster there)"),
     Option("timeout", _seconds, 600.0,
            "seconds a guarded operation (set-up phase, step, served request) may take before "
            "the watchdog names the stuck ranks and aborts the job; 0 turns it off"),

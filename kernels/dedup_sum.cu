@@ -1,108 +1,16 @@
-// Deterministic segment sums for dedup_sum (and scatter_add_rows).
-// After a stable sort of the ids, segment s covers sorted positions
-// [starts[s], starts[s+1]); its rows are summed one at a time in input order,
-// starting from +0, so the result is bit-equal to the NumPy reference.
-// Segments longer than max_len (the hot rows of a skewed batch) are left to
-// segment_sum_long, which keeps the same order of adds but stages the rows
-// through shared memory, so one thread's chain of adds is not bound by the
-// latency of its own loads.
+// Deterministic segment sums for dedup_sum and scatter_add_rows, in the order
+// of hpcpax/ops/summation.py, without atomics. After a stable sort of the ids,
+// segment s covers sorted positions [starts[s], starts[s+1]) (its rows in
+// input order). A segment of at most HP_SUM_CHUNK rows is one chunk: one team
+// of lanes sums it, each lane its columns, one row at a time
+// (segment_sum_short). A longer one is cut into chunks of HP_SUM_CHUNK rows,
+// one team each (segment_chunk_sums), and its chunk sums are combined by the
+// fixed tree, one block per segment (segment_tree).
+//
+// `from_out` selects the op: 0 = dedup_sum (chunk 0 starts from +0, the sum
+// goes to out row s); 1 = scatter_add_rows (chunk 0 starts from out row
+// out_rows[s], the table row, and the sum replaces it).
 #include "hpcpax_common.cuh"
-
-// One thread per (segment, column): adjacent threads read adjacent columns.
-// Segments longer than max_len are skipped (segment_sum_long writes them).
-template <typename T>
-__global__ void segment_sum_sorted(const T* __restrict__ values,
-                                   const hp_index* __restrict__ order,
-                                   const hp_index* __restrict__ starts,
-                                   hp_index n_unique, hp_index dim, hp_index max_len,
-                                   T* __restrict__ out) {
-    HP_GRID_LOOP(i, n_unique * dim) {
-        const hp_index s = i / dim;
-        const hp_index c = i - s * dim;
-        if (starts[s + 1] - starts[s] > max_len) continue;
-        out[i] = hp_sequential_sum(T(0), values, order, starts[s], starts[s + 1], dim, c);
-    }
-}
-
-// Long segments: block (x, y) sums segment segments[x] over columns
-// [32*y, 32*y + 32) into out row out_rows[x], starting from +0 or, when
-// accumulate is set, from that row's current value (scatter-add). The adds
-// are those of hp_sequential_sum, in the same order, so the result is the
-// same bit for bit. Warp 0 adds one tile of rows from shared memory while
-// the other warps stage the next tile (double-buffered): each loader warp
-// issues all its rows' loads at once, with the order indices fetched a tile
-// ahead, so a tile costs about one memory latency. Launch with HP_LONG_THREADS
-// threads per block (on an H200, 512 measured 1.26-1.33x faster than 256
-// and 1024 no faster; benchmarks/results/kernels_gpu-2026-12-04.json).
-template <typename T>
-__global__ void segment_sum_long(const T* __restrict__ values,
-                                 const hp_index* __restrict__ order,
-                                 const hp_index* __restrict__ starts,
-                                 const hp_index* __restrict__ segments,
-                                 const hp_index* __restrict__ out_rows,
-                                 hp_index dim, int accumulate, T* __restrict__ out) {
-    constexpr int ROWS = HP_LONG_TILE_BYTES / (HP_LONG_COLS * (int)sizeof(T));
-    constexpr int LOADERS = HP_LONG_THREADS / HP_LONG_COLS - 1;  // warps 1..LOADERS
-    constexpr int PER_WARP = (ROWS + LOADERS - 1) / LOADERS;     // rows a loader warp stages
-    static_assert(PER_WARP <= HP_LONG_COLS, "one order index per lane");
-    __shared__ T tile[2][ROWS][HP_LONG_COLS];
-    const int lane = threadIdx.x % HP_LONG_COLS;
-    const int warp = threadIdx.x / HP_LONG_COLS;
-    const hp_index s = segments[blockIdx.x];
-    const hp_index c = (hp_index)blockIdx.y * HP_LONG_COLS + lane;
-    const bool in_row = c < dim;
-    const hp_index begin = starts[s];
-    const hp_index end = starts[s + 1];
-    const hp_index num_tiles = (end - begin + ROWS - 1) / ROWS;
-
-    // Loader warp w stages rows (w - 1) + j * LOADERS of a tile (j < PER_WARP);
-    // its lane j holds the order index of its j-th row.
-    const int lane_row = (warp - 1) + lane * LOADERS;
-    auto fetch_index = [&](hp_index t) -> hp_index {
-        const hp_index k = begin + t * ROWS + lane_row;
-        return (lane < PER_WARP && lane_row < ROWS && k < end) ? order[k] : 0;
-    };
-    auto stage = [&](hp_index t, hp_index index) {
-        T (*buffer)[HP_LONG_COLS] = tile[t & 1];
-        const hp_index row0 = begin + t * ROWS;
-        T v[PER_WARP];
-#pragma unroll
-        for (int j = 0; j < PER_WARP; ++j) {
-            const int r = (warp - 1) + j * LOADERS;
-            const hp_index src = __shfl_sync(0xffffffffu, index, j);
-            v[j] = (r < ROWS && row0 + r < end && in_row) ? values[src * dim + c] : T(0);
-        }
-#pragma unroll
-        for (int j = 0; j < PER_WARP; ++j) {
-            const int r = (warp - 1) + j * LOADERS;
-            if (r < ROWS) buffer[r][lane] = v[j];
-        }
-    };
-
-    hp_index index = 0;
-    if (warp > 0) {
-        stage(0, fetch_index(0));
-        if (num_tiles > 1) index = fetch_index(1);
-    }
-    __syncthreads();
-    T acc = T(0);
-    if (warp == 0 && in_row && accumulate) acc = out[out_rows[blockIdx.x] * dim + c];
-    for (hp_index t = 0; t < num_tiles; ++t) {
-        if (warp == 0) {
-            const T (*buffer)[HP_LONG_COLS] = tile[t & 1];
-            const hp_index row0 = begin + t * ROWS;
-            const int rows = (int)(end - row0 < ROWS ? end - row0 : ROWS);
-#pragma unroll 8
-            for (int r = 0; r < rows; ++r) acc += buffer[r][lane];
-        } else if (t + 1 < num_tiles) {
-            const hp_index current = index;
-            if (t + 2 < num_tiles) index = fetch_index(t + 2);
-            stage(t + 1, current);
-        }
-        __syncthreads();
-    }
-    if (warp == 0 && in_row) out[out_rows[blockIdx.x] * dim + c] = acc;
-}
 
 // Heads of the runs of equal ids in a sorted array: flags[k] = 1 where a run starts.
 __global__ void mark_segment_heads(const hp_index* __restrict__ sorted_ids,
@@ -112,11 +20,111 @@ __global__ void mark_segment_heads(const hp_index* __restrict__ sorted_ids,
     }
 }
 
-template __global__ void segment_sum_sorted<float>(const float*, const hp_index*, const hp_index*,
-                                                   hp_index, hp_index, hp_index, float*);
-template __global__ void segment_sum_sorted<double>(const double*, const hp_index*, const hp_index*,
-                                                    hp_index, hp_index, hp_index, double*);
-template __global__ void segment_sum_long<float>(const float*, const hp_index*, const hp_index*,
-                                                 const hp_index*, const hp_index*, hp_index, int, float*);
-template __global__ void segment_sum_long<double>(const double*, const hp_index*, const hp_index*,
-                                                  const hp_index*, const hp_index*, hp_index, int, double*);
+// Segments of at most HP_SUM_CHUNK rows, one team each; longer ones are skipped.
+template <typename T, int VEC>
+__global__ void segment_sum_short(const T* __restrict__ values, const hp_index* __restrict__ order,
+                                  const hp_index* __restrict__ starts, hp_index n_unique,
+                                  hp_index nvec, int group, int from_out,
+                                  const hp_index* __restrict__ out_rows, T* __restrict__ out) {
+    HP_TEAM_LOOP(s, lane, group, n_unique) {
+        const hp_index begin = starts[s];
+        const hp_index end = starts[s + 1];
+        if (end - begin > HP_SUM_CHUNK) continue;
+        T* row = out + (from_out ? out_rows[s] : s) * nvec * VEC;
+        for (hp_index j = lane; j < nvec; j += group) {
+            const hp_vec<T, VEC> start = from_out ? hp_load<T, VEC>(row, j) : hp_zero<T, VEC>();
+            hp_store<T, VEC>(row, j, hp_sequential_sum<T, VEC>(start, values, order, begin, end, nvec, j));
+        }
+    }
+}
+
+// chunk_owner[long_first[i] + c] = i for every chunk c of long segment i
+// (long_segments[i]; -1: padding, no chunks); one thread per long segment.
+__global__ void long_chunk_map(const hp_index* __restrict__ long_segments,
+                               const hp_index* __restrict__ long_first,
+                               const hp_index* __restrict__ starts, hp_index n_long,
+                               hp_index* __restrict__ chunk_owner) {
+    HP_GRID_LOOP(i, n_long) {
+        const hp_index s = long_segments[i];
+        if (s < 0) continue;
+        const hp_index chunks = (starts[s + 1] - starts[s] + HP_SUM_CHUNK - 1) / HP_SUM_CHUNK;
+        for (hp_index c = 0; c < chunks; ++c) chunk_owner[long_first[i] + c] = i;
+    }
+}
+
+// partial[g] = the sum of chunk g (of the long segment chunk_owner[g]; -1:
+// no chunk), one team each. Chunk 0 of a scatter starts from the table row.
+template <typename T, int VEC>
+__global__ void segment_chunk_sums(const T* __restrict__ values, const hp_index* __restrict__ order,
+                                   const hp_index* __restrict__ starts,
+                                   const hp_index* __restrict__ long_segments,
+                                   const hp_index* __restrict__ long_first,
+                                   const hp_index* __restrict__ chunk_owner, hp_index max_chunks,
+                                   hp_index nvec, int group, int from_out,
+                                   const hp_index* __restrict__ out_rows, const T* __restrict__ out,
+                                   T* __restrict__ partial) {
+    HP_TEAM_LOOP(g, lane, group, max_chunks) {
+        const hp_index i = chunk_owner[g];
+        if (i < 0) continue;
+        const hp_index s = long_segments[i];
+        const hp_index c = g - long_first[i];
+        const hp_index begin = starts[s] + c * HP_SUM_CHUNK;
+        const hp_index stop = starts[s + 1];
+        const hp_index end = begin + HP_SUM_CHUNK < stop ? begin + HP_SUM_CHUNK : stop;
+        const T* row = out + (from_out ? out_rows[s] : s) * nvec * VEC;
+        for (hp_index j = lane; j < nvec; j += group) {
+            const hp_vec<T, VEC> start = (from_out && c == 0) ? hp_load<T, VEC>(row, j) : hp_zero<T, VEC>();
+            hp_store<T, VEC>(partial + g * nvec * VEC, j,
+                             hp_sequential_sum<T, VEC>(start, values, order, begin, end, nvec, j));
+        }
+    }
+}
+
+// The fixed tree over each long segment's chunk sums, one block per segment:
+// level stride = 1, 2, 4, ... adds chunk p*2*stride + stride into chunk
+// p*2*stride (pairwise left to right, an odd last one carried), then the
+// result (chunk 0) goes to out row s (dedup) or out_rows[s] (scatter).
+// Entries -1 of long_segments are padding.
+template <typename T, int VEC>
+__global__ void segment_tree(T* __restrict__ partial, const hp_index* __restrict__ long_segments,
+                             const hp_index* __restrict__ long_first,
+                             const hp_index* __restrict__ starts, hp_index n_long, hp_index nvec,
+                             int from_out, const hp_index* __restrict__ out_rows,
+                             T* __restrict__ out) {
+    for (hp_index i = blockIdx.x; i < n_long; i += gridDim.x) {
+        const hp_index s = long_segments[i];
+        if (s < 0) continue;  // padding (the same for the whole block)
+        const hp_index chunks = (starts[s + 1] - starts[s] + HP_SUM_CHUNK - 1) / HP_SUM_CHUNK;
+        T* first = partial + long_first[i] * nvec * VEC;
+        for (hp_index stride = 1; stride < chunks; stride *= 2) {
+            const hp_index pairs = (chunks - stride + 2 * stride - 1) / (2 * stride);
+            for (hp_index e = threadIdx.x; e < pairs * nvec; e += blockDim.x) {
+                const hp_index p = e / nvec;
+                const hp_index j = e - p * nvec;
+                T* left = first + p * 2 * stride * nvec * VEC;
+                hp_vec<T, VEC> a = hp_load<T, VEC>(left, j);
+                const hp_vec<T, VEC> b = hp_load<T, VEC>(left + stride * nvec * VEC, j);
+#pragma unroll
+                for (int q = 0; q < VEC; ++q) a.v[q] += b.v[q];
+                hp_store<T, VEC>(left, j, a);
+            }
+            __syncthreads();  // a level reads what the one before wrote
+        }
+        T* row = out + (from_out ? out_rows[s] : s) * nvec * VEC;
+        for (hp_index j = threadIdx.x; j < nvec; j += blockDim.x) hp_store<T, VEC>(row, j, hp_load<T, VEC>(first, j));
+        __syncthreads();
+    }
+}
+
+#define HP_DEDUP_INSTANTIATE(T, VEC)                                                              \
+    template __global__ void segment_sum_short<T, VEC>(const T*, const hp_index*, const hp_index*,  \
+                                                       hp_index, hp_index, int, int,               \
+                                                       const hp_index*, T*);                       \
+    template __global__ void segment_chunk_sums<T, VEC>(const T*, const hp_index*, const hp_index*, \
+                                                        const hp_index*, const hp_index*,          \
+                                                        const hp_index*, hp_index, hp_index, int,  \
+                                                        int, const hp_index*, const T*, T*);       \
+    template __global__ void segment_tree<T, VEC>(T*, const hp_index*, const hp_index*,             \
+                                                  const hp_index*, hp_index, hp_index, int,         \
+                                                  const hp_index*, T*);
+HP_FOR_EACH_VEC(HP_DEDUP_INSTANTIATE)

@@ -18,21 +18,22 @@ __global__ void partition_of(const hp_index* __restrict__ ids, hp_index n, int k
     }
 }
 
-// packed row j = row order[j] of the input; ids packed alongside.
-template <typename T>
+// packed row j = row order[j] of the input, ids packed alongside; one team
+// of lanes per row, VEC elements per access.
+template <typename T, int VEC>
 __global__ void pack_rows(const hp_index* __restrict__ ids, const T* __restrict__ values,
-                          const hp_index* __restrict__ order, hp_index n, hp_index dim,
+                          const hp_index* __restrict__ order, hp_index n, hp_index nvec, int group,
                           hp_index* __restrict__ packed_ids, T* __restrict__ packed_values) {
-    HP_GRID_LOOP(i, n * dim) {
-        const hp_index j = i / dim;
-        const hp_index c = i - j * dim;
+    HP_TEAM_LOOP(j, lane, group, n) {
         const hp_index src = order[j];
-        packed_values[i] = values[src * dim + c];
-        if (c == 0) packed_ids[j] = ids[src];
+        const T* from = values + src * nvec * VEC;
+        T* to = packed_values + j * nvec * VEC;
+        for (hp_index v = lane; v < nvec; v += group) hp_store<T, VEC>(to, v, hp_load<T, VEC>(from, v));
+        if (lane == 0) packed_ids[j] = ids[src];
     }
 }
 
-template __global__ void pack_rows<float>(const hp_index*, const float*, const hp_index*, hp_index,
-                                          hp_index, hp_index*, float*);
-template __global__ void pack_rows<double>(const hp_index*, const double*, const hp_index*, hp_index,
-                                           hp_index, hp_index*, double*);
+#define HP_PACK_INSTANTIATE(T, VEC)                                                             \
+    template __global__ void pack_rows<T, VEC>(const hp_index*, const T*, const hp_index*, hp_index, \
+                                               hp_index, int, hp_index*, T*);
+HP_FOR_EACH_VEC(HP_PACK_INSTANTIATE)

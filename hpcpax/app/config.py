@@ -83,7 +83,8 @@ FLAGS = (
     Flag("ranks_per_node", "int", None, "cut nodes into virtual nodes of this many ranks",
          minimum=1),
     Flag("device", "str", None, "worker device: cpu, gpu or auto (default $HPCPAX_DEVICE, "
-         "else auto); servers always run on the CPU", ("cpu", "gpu", "auto")),
+         "else auto: GPU workers only if a trial step measured faster on the GPU); servers "
+         "always run on the CPU", ("cpu", "gpu", "auto")),
     Flag("local_aggregation", "bool", True, "aggregate sparse traffic inside a node first"),
     Flag("plan", "plan", "auto", "auto (measure, then the cost model decides), hybrid "
          "(measure, then Parallax's rule), ps, allgather, allreduce (every sparse variable "

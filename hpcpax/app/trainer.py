@@ -26,7 +26,7 @@ from __future__ import annotations
 import os
 import time
 
-from ..backend import Device, select_device, to_host
+from ..backend import to_host
 from ..comm.agreement import check_same
 from ..comm.watchdog import Watchdog
 from ..options import parse_bytes
@@ -38,6 +38,7 @@ from .checkpointing import RunCheckpoints
 from .commands import CommandChannel
 from .config import resolve
 from .datasets import build_model, open_data
+from .device_choice import worker_device
 from .evaluation import evaluate
 from .metrics import MetricsWriter, ProgressBar, json_safe, read_metrics, write_json
 from .preemption import PreemptionHandler
@@ -137,9 +138,9 @@ class Trainer:
         # that phase while they wait in the next collective.
         setup = self.watchdog.guard
         with setup("set-up: device"):
-            # Servers are CPU processes; each worker takes GPU (local worker rank % count).
-            self.device = (select_device(topo.node_workers.Get_rank(), config["device"])
-                           if topo.is_worker else Device("cpu"))
+            # Servers are CPU processes; each worker takes GPU (local worker rank % count),
+            # with --device auto only where a trial step measured faster there
+            self.device = worker_device(self)
         with setup("set-up: run dir and config"):
             self.run_dir, self.job_id, note = build.prepare_run_dir(topo, config)
             config["run_dir"] = self.run_dir

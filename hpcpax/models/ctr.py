@@ -92,6 +92,7 @@ class CTRModel(Model):
         self._top_names = [f"top_{i}" for i in range(len(self.top))] + ["output"]
         self._top_activations = ["relu"] * len(self.top) + ["linear"]
         self._upper_rows, self._upper_cols = np.triu_indices(self.n_fields + 1, k=1)
+        self._upper_on = (None, None)  # (xp, the index arrays on xp): uploaded once
 
     def config(self) -> dict:
         """The model's constructor arguments (saved with runs and checkpoints)."""
@@ -153,7 +154,11 @@ class CTRModel(Model):
 
     def _upper_indices(self, xp):
         """Strict upper-triangle (row, col) index arrays of the Gram matrix, in ``xp``."""
-        return xp.asarray(self._upper_rows), xp.asarray(self._upper_cols)
+        cached_xp, cached = self._upper_on
+        if cached_xp is not xp:
+            cached = (xp.asarray(self._upper_rows), xp.asarray(self._upper_cols))
+            self._upper_on = (xp, cached)
+        return cached
 
     def _forward(self, dense, rows, features, categorical):
         xp = array_module(features)

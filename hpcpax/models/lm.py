@@ -118,6 +118,7 @@ class LanguageModel(Model):
         self._layer_names = [f"hidden_{i}" for i in range(len(self.hidden))] + ["projection"]
         self._activations = [self.activation] * len(self.hidden) + ["linear"]
         self._sample_cache = (None, None)
+        self._device_samples = (None, None, None)  # (step, xp, the step's negatives on xp)
 
     def config(self) -> dict:
         """The model's constructor arguments (saved with runs and checkpoints)."""
@@ -154,6 +155,15 @@ class LanguageModel(Model):
             self._sample_cache = (step, cached)
         return cached
 
+    def _samples_on(self, xp, step: int):
+        """:meth:`sampled_ids` on ``xp``'s device, uploaded once per step (sparse_ids and
+        the forward pass both need them)."""
+        cached_step, cached_xp, cached = self._device_samples
+        if cached_step != step or cached_xp is not xp:
+            cached = xp.asarray(self.sampled_ids(step))
+            self._device_samples = (step, xp, cached)
+        return cached
+
     def _check_batch(self, batch):
         for key in ("context", "target"):
             if key not in batch:
@@ -178,7 +188,7 @@ class LanguageModel(Model):
         if full:
             output_ids = xp.arange(self.vocab_size, dtype=np.int64)
         else:
-            output_ids = xp.concatenate([target, xp.asarray(self.sampled_ids(step))])
+            output_ids = xp.concatenate([target, self._samples_on(xp, step)])
         # Separate arrays, so a caller may deduplicate one in place without touching the other.
         return {"embedding": context.reshape(-1), "softmax_w": output_ids, "softmax_b": output_ids.copy()}
 
@@ -190,7 +200,7 @@ class LanguageModel(Model):
         return xp, output, cache
 
     def _sampled_logits(self, xp, output, rows, target, step):
-        samples = xp.asarray(self.sampled_ids(step))
+        samples = self._samples_on(xp, step)
         true_weight = gather_rows(rows, "softmax_w", target, self.dtype)
         true_bias = gather_rows(rows, "softmax_b", target, self.dtype)[:, 0]
         sampled_weight = gather_rows(rows, "softmax_w", samples, self.dtype)
@@ -201,7 +211,8 @@ class LanguageModel(Model):
         sampled_logits = output @ sampled_weight.T + (sampled_bias - log_q_sampled)
         if self.remove_accidental_hits:
             hits = samples[None, :] == target[:, None]
-            sampled_logits = xp.where(hits, xp.asarray(_MASKED_LOGIT, dtype=self.dtype), sampled_logits)
+            # a scalar, not an array: no upload per step on a GPU
+            sampled_logits = xp.where(hits, self.dtype.type(_MASKED_LOGIT), sampled_logits)
         logits = xp.concatenate([true_logits[:, None], sampled_logits], axis=1)
         return logits, samples, true_weight, sampled_weight
 

@@ -15,20 +15,24 @@ import importlib.resources
 import re
 from pathlib import Path
 
-__all__ = ["NAME_EXPRESSIONS", "kernels_dir", "kernel_sources", "kernels_hash",
+__all__ = ["NAME_EXPRESSIONS", "ROW_VARIANTS", "kernels_dir", "kernel_sources", "kernels_hash",
            "module_code", "compile_options", "header_constant"]
 
-_FLOATS = ("float", "double")
+#: (C type, elements per access) of every row kernel instance: HP_FOR_EACH_VEC.
+ROW_VARIANTS = (("float", 1), ("float", 2), ("float", 4), ("double", 1), ("double", 2))
+
+
+def _rows(*kernels):
+    return [f"{k}<{t}, {v}>" for k in kernels for t, v in ROW_VARIANTS]
+
 
 #: Every kernel (an NVRTC name expression) that each source file provides.
 NAME_EXPRESSIONS = {
-    "dedup_sum.cu": ["mark_segment_heads"]
-    + [f"{k}<{t}>" for k in ("segment_sum_sorted", "segment_sum_long") for t in _FLOATS],
-    "gather_scatter.cu": [f"{k}<{t}>" for k in ("gather_rows", "scatter_add_sorted") for t in _FLOATS],
-    "partition_pack.cu": ["partition_of"] + [f"pack_rows<{t}>" for t in _FLOATS],
-    "sparse_optimizers.cu": [
-        f"{k}<{t}>" for k in ("sgd_rows", "momentum_rows", "adagrad_rows", "adam_rows") for t in _FLOATS
-    ],
+    "dedup_sum.cu": ["mark_segment_heads", "long_chunk_map"]
+    + _rows("segment_sum_short", "segment_chunk_sums", "segment_tree"),
+    "gather_rows.cu": _rows("gather_rows"),
+    "partition_pack.cu": ["partition_of"] + _rows("pack_rows"),
+    "sparse_optimizers.cu": _rows("sgd_rows", "momentum_rows", "adagrad_rows", "adam_rows"),
 }
 
 _SOURCES: dict = {}

@@ -1,9 +1,10 @@
 """Numba CPU kernels of the sparse ops (imported lazily by ``_numba``).
 
 Every kernel does the same floating-point operations in the same order as
-the NumPy reference of its op, so results are bit-equal; parallel loops are
-split by output row, never by summand, so results do not depend on the
-number of threads. No ``fastmath``: it would allow reassociation and FMA.
+the NumPy reference of its op (sums: the order of ``summation.py``), so
+results are bit-equal; parallel loops are split by output row, never by
+summand, so results do not depend on the number of threads. No
+``fastmath``: it would allow reassociation and FMA.
 """
 
 from __future__ import annotations
@@ -11,6 +12,18 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 from numba import prange
+
+from ._numba_sums import (  # noqa: F401  (re-exported: the sums live in their own module)
+    balanced_bounds,
+    bucket_scatter_add,
+    bucket_sum,
+    chunk_buckets,
+    chunk_rows,
+    long_segment_cursors,
+    may_repeat_more_than,
+    scatter_add_hashed,
+    scatter_add_serial,
+)
 
 # Counting-table path when the id span is at most this many times the input.
 DENSE_SPAN_FACTOR = 8
@@ -61,77 +74,6 @@ def dense_unique(ids, low, span):
     return unique, inverse, counts
 
 
-@nb.njit(cache=True, nogil=True)
-def balanced_bounds(counts, num_chunks):
-    """Split slots into ``num_chunks`` runs of nearly equal summand counts."""
-    n_unique = counts.size
-    total = 0
-    for s in range(n_unique):
-        total += counts[s]
-    bounds = np.empty(num_chunks + 1, np.int64)
-    bounds[0] = 0
-    s = 0
-    seen = 0
-    for t in range(1, num_chunks):
-        target = (total * t) // num_chunks
-        while s < n_unique and seen < target:
-            seen += counts[s]
-            s += 1
-        bounds[t] = s
-    bounds[num_chunks] = n_unique
-    return bounds
-
-
-@nb.njit(cache=True, nogil=True)
-def chunk_buckets(inverse, bounds):
-    """Positions grouped by the chunk owning their slot, increasing in each.
-
-    ``positions[starts[t]:starts[t+1]]`` are the input rows whose slot lies in
-    ``[bounds[t], bounds[t+1])``; a stable counting sort with few buckets,
-    so its writes stream.
-    """
-    num_chunks = bounds.size - 1
-    n_unique = bounds[num_chunks]
-    owner = np.empty(n_unique, np.int32)
-    for t in range(num_chunks):
-        for s in range(bounds[t], bounds[t + 1]):
-            owner[s] = t
-    starts = np.zeros(num_chunks + 1, np.int64)
-    for i in range(inverse.size):
-        starts[owner[inverse[i]] + 1] += 1
-    for t in range(num_chunks):
-        starts[t + 1] += starts[t]
-    cursor = starts[:-1].copy()
-    positions = np.empty(inverse.size, np.int64)
-    for i in range(inverse.size):
-        t = owner[inverse[i]]
-        positions[cursor[t]] = i
-        cursor[t] += 1
-    return positions, starts
-
-
-@nb.njit(cache=True, nogil=True, parallel=True)
-def bucket_sum(values, inverse, positions, starts, bounds):
-    """``out[s] = ((0 + v_a) + v_b) + ...`` over rows of slot s in input order.
-
-    Each chunk owns a slot range and walks its rows in increasing position,
-    so reads of ``values`` stream and every slot is summed in order.
-    """
-    n_unique = bounds[bounds.size - 1]
-    dim = values.shape[1]
-    out = np.empty((n_unique, dim), values.dtype)
-    for t in prange(bounds.size - 1):
-        for s in range(bounds[t], bounds[t + 1]):
-            for c in range(dim):
-                out[s, c] = 0
-        for k in range(starts[t], starts[t + 1]):
-            i = positions[k]
-            s = inverse[i]
-            for c in range(dim):
-                out[s, c] += values[i, c]
-    return out
-
-
 @nb.njit(cache=True, nogil=True, parallel=True)
 def gather_rows(table, ids, out):
     dim = table.shape[1]
@@ -139,27 +81,6 @@ def gather_rows(table, ids, out):
         r = ids[k]
         for c in range(dim):
             out[k, c] = table[r, c]
-
-
-@nb.njit(cache=True, nogil=True)
-def scatter_add_serial(table, ids, values):
-    dim = table.shape[1]
-    for k in range(ids.size):
-        r = ids[k]
-        for c in range(dim):
-            table[r, c] += values[k, c]
-
-
-@nb.njit(cache=True, nogil=True, parallel=True)
-def bucket_scatter_add(table, unique, values, inverse, positions, starts, bounds):
-    """``table[unique[s]] += values[i]`` for the rows i of slot s, in order."""
-    dim = table.shape[1]
-    for t in prange(bounds.size - 1):
-        for k in range(starts[t], starts[t + 1]):
-            i = positions[k]
-            r = unique[inverse[i]]
-            for c in range(dim):
-                table[r, c] += values[i, c]
 
 
 @nb.njit(cache=True, nogil=True)

@@ -1,9 +1,11 @@
 """``dedup_sum``: merge the rows of a sparse gradient that share an index.
 
-The result is deterministic and identical on every path (NumPy, Numba,
-CUDA): unique row ``u`` is the sum, starting from ``+0.0``, of the rows with
-that index in their original order, accumulated one at a time in the input
-dtype. That is exactly ``np.add.at(zeros, inverse, values)``.
+The result is deterministic and bit-equal on every path (NumPy, Numba,
+CUDA): unique row ``u`` sums the rows with that index in the order of
+:mod:`hpcpax.ops.summation` (input order in chunks of ``SUM_CHUNK`` rows,
+chunk sums combined by a fixed tree), in the input dtype. An index with at
+most ``SUM_CHUNK`` rows is summed sequentially from ``+0.0``, exactly as
+``np.add.at(zeros, inverse, values)``; longer ones differ from it by rounding.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import numpy as np
 from ..backend import is_device_array
 from . import _numba
 from ._validate import check_float_matrix, check_index_array, check_same_device
+from .summation import SUM_CHUNK_SHIFT, segment_sums
 
 __all__ = ["dedup_sum", "dedup_sum_reference"]
 
@@ -38,11 +41,8 @@ def dedup_sum_reference(indices, values):
     if is_device_array(indices) or is_device_array(values):
         raise TypeError("dedup_sum_reference inputs must be NumPy arrays, not cupy")
     indices, values = _check(indices, values)
-    unique, inverse = np.unique(indices, return_inverse=True)
-    summed = np.zeros((unique.size, values.shape[1]), values.dtype)
-    # add.at is unbuffered and goes through the rows in order: sequential sums.
-    np.add.at(summed, inverse.reshape(-1), values)
-    return unique, summed
+    unique, inverse, counts = np.unique(indices, return_inverse=True, return_counts=True)
+    return unique, segment_sums(values, inverse.reshape(-1), counts)
 
 
 def _dedup_sum_numba(indices, values):
@@ -57,8 +57,14 @@ def _dedup_sum_numba(indices, values):
         inverse = np.ascontiguousarray(inverse.reshape(-1), dtype=np.int64)
         counts = counts.astype(np.int64, copy=False)
     bounds = kernels.balanced_bounds(counts, _numba.num_chunks(unique.size, per_thread=1))
-    positions, starts = kernels.chunk_buckets(inverse, bounds)
-    return unique, kernels.bucket_sum(values, inverse, positions, starts, bounds)
+    cursor, total_chunks = kernels.long_segment_cursors(counts, SUM_CHUNK_SHIFT, True)
+    if total_chunks == 0:
+        positions, starts = kernels.chunk_buckets(inverse, counts, bounds)
+    else:  # inverse becomes each row's output row (the chunk rows of long ids past the ids)
+        positions, starts = kernels.chunk_rows(inverse, counts, bounds, cursor, SUM_CHUNK_SHIFT)
+    summed = kernels.bucket_sum(values, inverse, positions, starts, bounds, counts, cursor,
+                                total_chunks, SUM_CHUNK_SHIFT)
+    return unique, summed[:unique.size]  # past them: the long ids' chunk sums
 
 
 def dedup_sum(indices, values):
@@ -79,7 +85,9 @@ def dedup_sum(indices, values):
         ``(unique_indices, summed)`` on the input's device: int64 ids sorted
         ascending, and ``[len(unique_indices), dim]`` sums in ``values.dtype``.
         Row ``u`` of ``summed`` is ``((0 + v_a) + v_b) + ...`` over the rows
-        with index ``unique_indices[u]`` in their input order.
+        with index ``unique_indices[u]`` in their input order when there are
+        at most ``SUM_CHUNK`` of them, else those chunk sums combined by the
+        fixed tree of :mod:`hpcpax.ops.summation`.
 
     Raises:
         TypeError: ``indices`` is not integer, ``values`` not float32/float64,

@@ -2,8 +2,10 @@
 
 Both bounds-check the ids with one min and one max reduction and raise
 :class:`hpcpax.errors.SparseIndexError` naming the offending value.
-``scatter_add_rows`` is deterministic: repeated ids accumulate one at a
-time in the order given, exactly like ``np.add.at(table, ids, values)``.
+``scatter_add_rows`` is deterministic: repeated ids accumulate in the order
+of :mod:`hpcpax.ops.summation`, starting from the table row: exactly
+``np.add.at(table, ids, values)`` for ids given at most ``SUM_CHUNK`` times,
+within rounding of it for more.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from ._validate import (
     check_same_device,
     check_same_dtype,
 )
+from .summation import SUM_CHUNK, SUM_CHUNK_SHIFT, segment_sums
 
 __all__ = [
     "gather_rows",
@@ -66,7 +69,7 @@ def gather_rows_reference(table, ids, out=None):
 def gather_rows(table, ids, out=None):
     """Copy rows ``table[ids]`` into a new (or the given) array.
 
-    Dispatches on the table's device: CuPy runs ``kernels/gather_scatter.cu``,
+    Dispatches on the table's device: CuPy runs ``kernels/gather_rows.cu``,
     NumPy the Numba kernel (parallel over ids) or :func:`gather_rows_reference`.
     Not collective.
 
@@ -109,20 +112,23 @@ def _check_scatter(table, ids, values):
 
 
 def scatter_add_rows_reference(table, ids, values):
-    """Plain-NumPy twin of :func:`scatter_add_rows` (``np.add.at``); in place."""
+    """Plain-NumPy twin of :func:`scatter_add_rows`; in place."""
     table, ids, values = _check_scatter(table, ids, values)
-    np.add.at(table, ids, values)
+    if ids.size:
+        unique, inverse, counts = np.unique(ids, return_inverse=True, return_counts=True)
+        table[unique] = segment_sums(values, inverse.reshape(-1), counts, initial=table[unique])
     return table
 
 
 def scatter_add_rows(table, ids, values):
     """Add ``values[k]`` to ``table[ids[k]]`` for every k, in place.
 
-    Repeated ids accumulate sequentially in the order given, so the result is
-    bit-equal to ``np.add.at(table, ids, values)`` on every path (CUDA:
-    ``kernels/gather_scatter.cu`` after a stable sort, rows with more than
-    256 repeats by ``segment_sum_long`` in ``kernels/dedup_sum.cu``; Numba:
-    grouped by row, parallel over rows). Not collective.
+    Repeated ids accumulate in the order of :mod:`hpcpax.ops.summation`
+    (input order in chunks of ``SUM_CHUNK``, chunk 0 starting from the table
+    row, chunk sums combined by a fixed tree), bit-equal on every path (CUDA:
+    ``kernels/dedup_sum.cu`` after a stable sort; Numba: grouped by row,
+    parallel over rows) and to ``np.add.at(table, ids, values)`` wherever no
+    id repeats more than ``SUM_CHUNK`` times. Not collective.
 
     Args:
         table: C-contiguous 2-D float32/float64 array ``[rows, dim]``, updated
@@ -158,13 +164,24 @@ def _sorted_unique(ids):
 
 def _scatter_add_numba(table, ids, values):
     kernels = _numba.kernels()
-    if ids.size < _SCATTER_PARALLEL_MIN or _numba.num_chunks(ids.size) == 1:
+    serial = ids.size < _SCATTER_PARALLEL_MIN or _numba.num_chunks(ids.size) == 1
+    # serial, in input order: the chunked order itself while no id passes one chunk
+    if serial and not kernels.may_repeat_more_than(ids, SUM_CHUNK):
         kernels.scatter_add_serial(table, ids, values)
+        return
+    if ids.size < _SCATTER_PARALLEL_MIN:
+        kernels.scatter_add_hashed(table, ids, values, SUM_CHUNK_SHIFT)
         return
     if table.shape[0] <= kernels.DENSE_SPAN_FACTOR * ids.size + 1024 and ids.size < 2**31:
         unique, inverse, counts = kernels.dense_unique(ids, 0, table.shape[0])
     else:
         unique, inverse, counts = _sorted_unique(ids)
-    bounds = kernels.balanced_bounds(counts, _numba.num_chunks(unique.size, per_thread=1))
-    positions, starts = kernels.chunk_buckets(inverse, bounds)
-    kernels.bucket_scatter_add(table, unique, values, inverse, positions, starts, bounds)
+    bounds = kernels.balanced_bounds(counts, 1 if serial else
+                                     _numba.num_chunks(unique.size, per_thread=1))
+    cursor, total_chunks = kernels.long_segment_cursors(counts, SUM_CHUNK_SHIFT, False)
+    if total_chunks == 0:
+        cursor = cursor[:0]
+    positions, starts = kernels.chunk_buckets(inverse, counts, bounds)
+    # inverse becomes each row's table row, or ~ its chunk's scratch row
+    kernels.bucket_scatter_add(table, unique, values, inverse, positions, starts, bounds, counts,
+                               cursor, total_chunks, SUM_CHUNK_SHIFT)

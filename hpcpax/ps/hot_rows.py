@@ -35,10 +35,13 @@ nothing waits for a round; a member forwards a piece as soon as it has it.
   adds its own gradient to the partial it received, the last sends the sum
   to the owner. That is the order in which the owner would have summed the
   rows it received from ``S`` (``dedup_sum``: input order, sources by
-  rank), so the owner's sum is **bitwise** today's, in float64 and in
-  float32 alike (the partials are kept in the variable's dtype, as the
-  owner's sum is). A chain, not a binomial tree, because only the chain
-  keeps the left-to-right order; a balanced tree would round differently.
+  rank, one at a time while ``|S| <= SUM_CHUNK``), so the owner's sum is
+  **bitwise** today's, in float64 and in float32 alike (the partials are
+  kept in the variable's dtype, as the owner's sum is). A chain, not a
+  binomial tree, because only the chain keeps the left-to-right order; a
+  balanced tree would round differently. (A group of more than
+  ``SUM_CHUNK`` = 64 members, which the owner would sum in chunks and a
+  tree, gets the chain's sequential sum: equal to rounding, not bitwise.)
 - **Pipelining**: a group larger than ``HPCPAX_HOT_ROWS_CHUNK_BYTES``
   (256 KiB) goes in pieces of about that size (at most
   :data:`~hpcpax.ps.hot_groups.MAX_PIECES`), each on its own, down a

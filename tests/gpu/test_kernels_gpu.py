@@ -1,11 +1,16 @@
 """CUDA kernels against their NumPy references, bit for bit.
 
 Skipped without CuPy and a CUDA device, unless ``HPCPAX_TEST_GPU=1``, in
-which case a missing GPU fails. Sums run in a fixed order on every path, so
-every comparison here is bit-exact, except ``apply_dense`` (CuPy's own
-elementwise kernels may fuse multiply-adds).
+which case a missing GPU fails. Sums run in one fixed order on every path
+(hpcpax.ops.summation: chunks of SUM_CHUNK rows, a fixed tree), so every
+comparison here is bit-exact, except ``apply_dense`` (CuPy's own
+elementwise kernels may fuse multiply-adds). ``tests/ops/test_ops_cuda_emulated.py``
+runs these same tests on the CPU, the kernels compiled by g++ (no GPU needed).
 """
 
+import re
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -24,6 +29,10 @@ from hpcpax.ops import (
     scatter_add_rows_reference,
 )
 from hpcpax.ops.partitioning import Partitioning
+from hpcpax.ops.summation import SUM_CHUNK
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "ops"))
+from ops_strategies import slow_dedup  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -209,10 +218,10 @@ def test_launchers_check_their_arguments(cp):
 def test_modules_are_memoized_with_hash(cp):
     from hpcpax.ops import _cuda, _kernel_source
 
-    _cuda.get_function("dedup_sum.cu", "segment_sum_sorted<float>")
+    _cuda.get_function("dedup_sum.cu", "segment_sum_short<float, 1>")
     key = ("dedup_sum.cu", cp.cuda.Device().id)
     module = _cuda._MODULES[key]
-    _cuda.get_function("dedup_sum.cu", "segment_sum_sorted<double>")
+    _cuda.get_function("dedup_sum.cu", "segment_sum_short<double, 2>")
     assert _cuda._MODULES[key] is module  # compiled once per device
     assert f"-DHPCPAX_KERNELS_HASH=0x{_kernel_source.kernels_hash()}" in _kernel_source.compile_options()
 
@@ -228,18 +237,16 @@ def test_large_zipf_dedup(cp):
     np.testing.assert_array_equal(bits(summed.get()), bits(ref_summed))
 
 
-LONG = [0, 1, 255, 256, 257, 300, 1000, 4096 + 3]  # rows per id around the long-segment kernel's edges
+C = SUM_CHUNK
+# rows per id around the chunk's edges, and many chunks (an odd count: a carried chunk)
+LONG = [0, 1, C - 1, C, C + 1, 2 * C, 2 * C + 1, 3 * C + 5, 1000, 4096 + 3]
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("dim", [1, 32, 33, 70])
+@pytest.mark.parametrize("dim", [1, 33, 64, 70, 128])  # vector widths 1, 1, 4 (2 double), 2, 4
 def test_long_segments_match_the_reference(cp, dtype, dim):
-    # Segments of every length around HP_LONG_SEGMENT and the shared-memory
-    # tile (128 float / 64 double rows), interleaved with short ones, for both
-    # ops; the table holds -0.0 and large values so the order of adds shows.
-    from hpcpax.ops import _cuda
-
-    assert _cuda.LONG_SEGMENT == 256
+    # Segments of every length around SUM_CHUNK, interleaved with short ones,
+    # for both ops; the table holds -0.0 and large values so the order of adds shows.
     rng = np.random.default_rng(6)
     ids = np.concatenate([np.full(n, 10 * k, np.int64) for k, n in enumerate(LONG)] +
                          [rng.integers(0, 200, 500)])
@@ -249,6 +256,7 @@ def test_long_segments_match_the_reference(cp, dtype, dim):
     ref_unique, ref_summed = dedup_sum_reference(ids, values)
     np.testing.assert_array_equal(unique.get(), ref_unique)
     np.testing.assert_array_equal(bits(summed.get()), bits(ref_summed))
+    np.testing.assert_array_equal(bits(summed.get()), bits(slow_dedup(ids, values)[1]))
     table = rng.standard_normal((200, dim)).astype(dtype) * 1e6
     table[::3] = -0.0
     device_table = cp.asarray(table)
@@ -257,12 +265,64 @@ def test_long_segments_match_the_reference(cp, dtype, dim):
     np.testing.assert_array_equal(bits(device_table.get()), bits(ref))
 
 
-def test_long_segment_launcher_checks_rows(cp):
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_results_do_not_depend_on_the_launch_shape(cp, dtype, monkeypatch):
+    # fewer blocks (grid-stride loops wrap), misaligned rows (vector width 1):
+    # the same bits, since each sum's order is fixed by the data alone
+    from hpcpax.ops import _cuda
+
+    rng = np.random.default_rng(8)
+    ids = np.minimum(rng.zipf(1.1, 20_000) - 1, 4999).astype(np.int64)
+    values = rng.standard_normal((ids.size, 64)).astype(dtype)
+    table = rng.standard_normal((5000, 64)).astype(dtype)
+    want = dedup_sum_reference(ids, values)[1]
+    want_table = scatter_add_rows_reference(table.copy(), ids, values)
+    flat = cp.empty(values.size + 1, dtype)
+    flat[1:] = cp.asarray(values.reshape(-1))
+    misaligned = flat[1:].reshape(values.shape)
+    assert _cuda.row_layout(misaligned.dtype, 64, misaligned)[0] == 1
+    device = cp.cuda.Device().id
+    for sms in (1, 3):
+        monkeypatch.setitem(_cuda._SM_COUNT, device, sms)
+        for rows in (cp.asarray(values), misaligned):
+            np.testing.assert_array_equal(bits(dedup_sum(cp.asarray(ids), rows)[1].get()), bits(want))
+            device_table = cp.asarray(table)
+            scatter_add_rows(device_table, cp.asarray(ids), rows)
+            np.testing.assert_array_equal(bits(device_table.get()), bits(want_table))
+            gathered = gather_rows(cp.asarray(table), cp.asarray(ids))
+            np.testing.assert_array_equal(bits(gathered.get()), bits(table[ids]))
+
+
+def test_row_layout_picks_whole_vectors(cp):
+    from hpcpax.ops import _cuda
+
+    rows = {dim: cp.empty((4, dim), cp.float32) for dim in (1, 6, 7, 64, 128, 256)}
+    layout = {dim: _cuda.row_layout(cp.float32, dim, a) for dim, a in rows.items()}
+    assert layout == {1: (1, 1, 1), 6: (2, 3, 4), 7: (1, 7, 8), 64: (4, 16, 16),
+                      128: (4, 32, 32), 256: (4, 64, 32)}
+    assert _cuda.row_layout(cp.float64, 64, cp.empty((4, 64), cp.float64)) == (2, 32, 32)
+
+
+def test_segment_launchers_check_their_arguments(cp):
     from hpcpax.ops import _cuda
 
     starts = cp.asarray([0, 300], cp.int64)
     values = cp.zeros((300, 4), cp.float32)
-    with pytest.raises(ValueError, match="one row per segment"):
-        _cuda.launch_segment_sum_long(values, cp.arange(300, dtype=cp.int64), starts,
-                                      cp.asarray([0], cp.int64), cp.asarray([0, 1], cp.int64),
-                                      cp.zeros((1, 4), cp.float32), accumulate=False)
+    order = cp.arange(300, dtype=cp.int64)
+    with pytest.raises(ValueError, match="out_rows must have one row per segment"):
+        _cuda.launch_segment_sum_short(values, order, starts, cp.zeros((5, 4), cp.float32),
+                                       cp.asarray([0, 1], cp.int64))
+    with pytest.raises(TypeError, match="out must be float32, not float64"):
+        _cuda.launch_long_segments(values, order, starts, cp.asarray([0], cp.int64),
+                                   cp.zeros((1, 4), cp.float64))
+    with pytest.raises(ValueError, match=r"out must have shape \(rows, 4\), not \(1, 3\)"):
+        _cuda.launch_segment_sum_short(values, order, starts, cp.zeros((1, 3), cp.float32))
+    with pytest.raises(ValueError, match="order must have one entry per row of values"):
+        _cuda.launch_segment_sum_short(values, order[:10], starts, cp.zeros((1, 4), cp.float32))
+
+
+def test_kernels_use_no_atomics():
+    from hpcpax.ops import _kernel_source
+
+    for name, text in _kernel_source.kernel_sources().items():
+        assert not re.search(r"\batomic\w*\s*\(", text), name

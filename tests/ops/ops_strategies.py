@@ -3,6 +3,8 @@
 import numpy as np
 from hypothesis import strategies as st
 
+from hpcpax.ops.summation import SUM_CHUNK as C
+
 DISTRIBUTIONS = ["uniform", "zipf", "all_same", "max_index", "one_row", "empty"]
 
 
@@ -47,3 +49,39 @@ def bits(a):
     """View a float array as unsigned ints so comparisons are bit-exact (-0.0, NaN)."""
     a = np.ascontiguousarray(a)
     return a.view({4: np.uint32, 8: np.uint64}[a.dtype.itemsize])
+
+
+def slow_segment_sum(rows, initial):
+    """The summation order of hpcpax.ops.summation, written out plainly.
+
+    ``rows``: a list of 1-D arrays, one id's rows in input order; ``initial``:
+    the start of chunk 0. Chunks of SUM_CHUNK rows added one at a time, then
+    chunk sums paired left to right level by level, an odd last one carried.
+    """
+    chunks = []
+    for j in range(0, len(rows), C):
+        acc = initial.copy() if j == 0 else np.zeros_like(initial)
+        for row in rows[j:j + C]:
+            acc = acc + row
+        chunks.append(acc)
+    while len(chunks) > 1:
+        paired = [chunks[i] + chunks[i + 1] for i in range(0, len(chunks) - 1, 2)]
+        if len(chunks) % 2:
+            paired.append(chunks[-1])
+        chunks = paired
+    return chunks[0]
+
+
+def slow_dedup(ids, values):
+    """``dedup_sum`` by :func:`slow_segment_sum`, one id at a time."""
+    keys = sorted(set(ids.tolist()))
+    zero = np.zeros(values.shape[1], values.dtype)
+    summed = [slow_segment_sum([values[i] for i in np.flatnonzero(ids == k)], zero) for k in keys]
+    return np.array(keys, np.int64), np.array(summed, values.dtype).reshape(len(keys), values.shape[1])
+
+
+def slow_scatter(table, ids, values):
+    """``scatter_add_rows`` by :func:`slow_segment_sum`, in place."""
+    for k in sorted(set(ids.tolist())):
+        table[k] = slow_segment_sum([values[i] for i in np.flatnonzero(ids == k)], table[k].copy())
+    return table

@@ -25,10 +25,16 @@ def test_every_module_file_exists_and_defines_its_kernels():
             base = name.split("<")[0]
             assert re.search(rf"__global__\s+void\s+{base}\s*\(", code), name
             if "<" in name:  # nvcc --ptx only emits explicitly instantiated templates
-                ctype = name.split("<")[1].rstrip(">")
-                assert re.search(rf"template\s+__global__\s+void\s+{base}<{ctype}>", code) or (
-                    "HP_INSTANTIATE" in code
-                ), name
+                assert re.search(rf"template\s+__global__\s+void\s+{base}<T, VEC>", code), name
+                assert "HP_FOR_EACH_VEC(" in code.split("#define HP_FOR_EACH_VEC")[-1], name
+
+
+def test_row_variants_are_the_headers_instantiations():
+    header = ks.kernel_sources()["hpcpax_common.cuh"]
+    listed = re.findall(r"INSTANTIATE\((\w+), (\d)\)", header.split("#define HP_FOR_EACH_VEC")[1])
+    assert tuple((ctype, int(vec)) for ctype, vec in listed) == ks.ROW_VARIANTS
+    # at most 16 bytes per access
+    assert all(vec * {"float": 4, "double": 8}[ctype] <= 16 for ctype, vec in ks.ROW_VARIANTS)
 
 
 def test_every_cu_file_is_loaded():
@@ -53,14 +59,11 @@ def test_hash_follows_headers():
 
 
 def test_header_constants_are_read_from_the_header():
-    assert ks.header_constant("HP_LONG_SEGMENT") == 256
-    # segment_sum_long: one column per lane of a full warp (its shuffles), at
-    # least one loader warp, two tiles within the 48 KiB of static shared memory
-    assert ks.header_constant("HP_LONG_COLS") == 32
-    threads = ks.header_constant("HP_LONG_THREADS")
-    assert threads % 32 == 0 and threads >= 64
-    assert 2 * ks.header_constant("HP_LONG_TILE_BYTES") <= 48 * 1024
-    assert ks.header_constant("HP_SUM_BATCH") == 16
+    assert ks.header_constant("HP_SUM_CHUNK") == 64
+    # whole warps per block: teams of up to 32 lanes never straddle two blocks
+    assert ks.header_constant("HP_ROW_THREADS") % 32 == 0
+    assert ks.header_constant("HP_TREE_THREADS") % 32 == 0
+    assert ks.header_constant("HP_SUM_BATCH") == 8
     with pytest.raises(KeyError, match="HP_NO_SUCH_CONSTANT"):
         ks.header_constant("HP_NO_SUCH_CONSTANT")
 

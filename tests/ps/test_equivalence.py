@@ -15,7 +15,7 @@ import pytest
 from mpi4py import MPI
 
 import hpcpax
-from hpcpax import ParameterServer
+from hpcpax import ParameterServer, SparseVariableSpec
 from hpcpax.ps.sparse_grad import SparseGrad
 from hpcpax.sync.replicated import ReplicatedTable
 
@@ -118,3 +118,62 @@ def test_replicated_methods_equal_single_process(comm, reference, method):
         if result is not None:
             ok &= _close(result, reference)
     assert comm.allreduce(ok, op=MPI.LAND)
+
+
+HOT_SPEC = SparseVariableSpec("hot", rows=8, dim=3, initializer="zeros", optimizer="sgd",
+                              optimizer_params={"lr": 1.0})
+
+
+def hot_batch(rows=3000):
+    """Id 0 takes two thirds of the rows (past one summation chunk on every worker)."""
+    rng = np.random.default_rng(11)
+    ids = np.where(rng.random(rows) < 2 / 3, 0, rng.integers(1, HOT_SPEC.rows, rows))
+    grads = (rng.standard_normal((rows, HOT_SPEC.dim)) * 10.0 ** rng.integers(-3, 4, (rows, 1)))
+    return ids, grads.astype(np.float32)
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.timeout(240)
+def test_hot_id_past_one_chunk_is_within_the_stated_bound(comm):
+    """One SGD push (lr 1, reduce sum) of a batch whose id 0 has ~2000 rows.
+
+    Every layout sums each id's rows in the order of hpcpax.ops.summation on
+    each worker (chunks of SUM_CHUNK, a fixed tree), then adds the workers'
+    sums one at a time (node aggregation, then the owner): rounding only, so
+    each row is within gamma_d * sum|g| of the exact sum, d = tree_depth(L)
+    + 2 * ranks (L the id's rows on one worker: at most its whole count).
+    1 rank and N ranks then agree to twice that, in float32; the tests of
+    this module with toy batches (no id past SUM_CHUNK rows) keep rtol 1e-6.
+    """
+    from hpcpax.ops.summation import tree_depth
+
+    ids, grads = hot_batch()
+    exact, magnitude = np.zeros((HOT_SPEC.rows, HOT_SPEC.dim)), np.zeros((HOT_SPEC.rows, HOT_SPEC.dim))
+    np.add.at(exact, ids, grads.astype(np.float64))
+    np.add.at(magnitude, ids, np.abs(grads.astype(np.float64)))
+    depth = np.array([tree_depth(int(c)) for c in np.bincount(ids, minlength=HOT_SPEC.rows)])
+    depth = (depth + 2 * comm.Get_size())[:, None]
+    u = np.finfo(np.float32).eps / 2
+    bound = depth * u / (1 - depth * u) * magnitude
+    failures = []
+    for servers, rpn, parts, la in layouts(comm.Get_size()):
+        topo = hpcpax.init(ranks_per_node=rpn, servers_per_node=servers)
+        try:
+            spec = HOT_SPEC if parts is None else type(HOT_SPEC)(
+                **{**HOT_SPEC.to_dict(), "num_partitions": parts})
+            store = ParameterServer(topo, local_aggregation=la, reduce="sum")
+            if topo.is_server:
+                store.serve()
+                continue
+            store.register([spec])
+            w, n = topo.worker_index, topo.num_workers
+            share = slice(w * len(ids) // n, (w + 1) * len(ids) // n)
+            store.push("hot", SparseGrad(ids[share], grads[share], HOT_SPEC.rows))
+            table = store.read_table("hot")
+            store.shutdown()
+            if not np.all(np.abs(table.astype(np.float64) + exact) <= bound):
+                failures.append((servers, rpn, parts, la))
+        finally:
+            topo.free()
+    everyone = comm.allgather(failures)
+    assert not any(everyone), f"layouts past the bound: {everyone}"
