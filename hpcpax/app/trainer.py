@@ -110,9 +110,14 @@ class Trainer:
         """
         import hpcpax
         from ..comm.startup import check_arrival
+        from ..comm.topology import world_comm
 
         config = self.config
         check_arrival(self.comm, config["timeout"])  # a rank stuck in imports is named
+        # flags as given (run dir made absolute), before init or the watchdog use them
+        given = {**config, "run_dir": config["run_dir"] and os.path.abspath(config["run_dir"])}
+        check_same(self.comm if self.comm is not None else world_comm(), "training config",
+                   json_safe(given))
         self.topology = hpcpax.init(config["ranks_per_node"], config["servers_per_node"],
                                     comm=self.comm)
         self.watchdog = Watchdog(self.topology.comm, config["timeout"])
