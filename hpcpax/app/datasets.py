@@ -6,12 +6,14 @@ before the first step, with both numbers named.
 
 from __future__ import annotations
 
+import numpy as np
+
 from ..errors import ConfigError
 from ..options import counted, format_bytes
 from .config import model_kwargs
 from .evaluation import EVAL_POSITION, EvalSet
 
-__all__ = ["build_model", "check_synthetic_memory", "open_data"]
+__all__ = ["build_model", "check_full_eval_memory", "check_synthetic_memory", "open_data"]
 
 
 def _reader_options(kind, config, context):
@@ -139,6 +141,32 @@ def check_synthetic_memory(model, config, workers_on_node, meminfo="/proc/meminf
             f"the {counted(workers_on_node, 'worker')} of this node, more than the "
             f"{format_bytes(available)} available; give a smaller --synthetic-samples or a "
             f"--data file")
+
+
+def check_full_eval_memory(model, config):
+    """Refuse an lm evaluation whose full softmax cannot be pulled to a worker.
+
+    lm evaluation scores every word: each worker pulls all rows of
+    ``softmax_w`` and ``softmax_b`` with their ids, a whole-table read held to
+    ``HPCPAX_REPLICA_MEMORY`` like ``read_table``. Not collective; a pure
+    function of the model, the config and the option (the same on every rank).
+
+    Raises:
+        ConfigError: naming ``--eval-every``, the rows and the bytes.
+    """
+    from ..options import options
+
+    if model.name != "lm" or not config["eval_every"]:
+        return
+    width = model.out_dim + 1  # a softmax_w row and its softmax_b entry
+    need = model.vocab_size * (16 + width * np.dtype(model.dtype).itemsize)  # two id arrays
+    if need > options.replica_memory:
+        raise ConfigError(
+            f"--eval-every {config['eval_every']}: lm evaluation scores the full softmax, "
+            f"pulling every row of softmax_w and softmax_b ({model.vocab_size} x {width}) to "
+            f"each worker: about {format_bytes(need)}, above HPCPAX_REPLICA_MEMORY "
+            f"({format_bytes(options.replica_memory)}); leave --eval-every at 0, give a "
+            f"smaller --vocab-size, or raise HPCPAX_REPLICA_MEMORY")
 
 
 def open_data(model, config):

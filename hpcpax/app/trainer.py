@@ -37,7 +37,7 @@ from . import auto_run, build, relaxed_run
 from .checkpointing import RunCheckpoints
 from .commands import CommandChannel
 from .config import resolve
-from .datasets import build_model, check_synthetic_memory, open_data
+from .datasets import build_model, check_full_eval_memory, check_synthetic_memory, open_data
 from .evaluation import evaluate
 from .metrics import MetricsWriter, ProgressBar, json_safe, read_metrics, write_json
 from .preemption import PreemptionHandler
@@ -197,6 +197,7 @@ class Trainer:
         self.model = build_model(config)
         here = sum(1 for rank in topo.worker_ranks if topo.node_of[rank] == topo.node)
         check_synthetic_memory(self.model, config, here)  # before tables, plan and data
+        check_full_eval_memory(self.model, config)
         specs = build.sparse_specs(self.model, config)
         spec = config["plan"] if self._plan_override is None else self._plan_override
         spec = relaxed_run.plan_under(config, spec)

@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from hpcpax.app.config import parse_args
-from hpcpax.app.datasets import check_synthetic_memory
+from hpcpax.app.datasets import check_full_eval_memory, check_synthetic_memory
 from hpcpax.data.synthetic import ctr_bytes, lm_bytes
 from hpcpax.errors import ConfigError
 from hpcpax.models import build_model
@@ -40,16 +40,35 @@ def test_a_ten_billion_row_synthetic_run_trains_in_bounded_memory(tmp_path, flag
     assert peak < vocabulary_bytes / 100
 
 
-def test_synthetic_data_that_cannot_fit_is_refused_in_one_line(tmp_path):
-    status, stderr, peak = peak_rss_run(tmp_path, "--synthetic-samples", str(10**13),
-                                        "--steps", "2")
+@pytest.mark.parametrize("flags, start, end", [
+    (("--synthetic-samples", str(10**13)),
+     "--synthetic-samples 10000000000000: synthetic lm data needs about 654.8 TiB per worker, "
+     "654.8 TiB for the 1 worker of this node, more than the ",
+     " available; give a smaller --synthetic-samples or a --data file"),
+    # the full-softmax evaluation of 10^8 words took 23 GB and 593 s before the OOM killer
+    (("--vocab-size", str(10**8), "--eval-every", "2"),
+     "--eval-every 2: lm evaluation scores the full softmax, pulling every row of softmax_w "
+     "and softmax_b (100000000 x 33) to each worker: about 13.8 GiB, above "
+     "HPCPAX_REPLICA_MEMORY (4.0 GiB)",
+     "; leave --eval-every at 0, give a smaller --vocab-size, or raise HPCPAX_REPLICA_MEMORY"),
+], ids=["synthetic_samples", "full_eval"])
+def test_what_cannot_fit_is_refused_in_one_line(tmp_path, flags, start, end):
+    status, stderr, peak = peak_rss_run(tmp_path, *flags, "--steps", "2")
     lines = stderr.strip().splitlines()
     assert status == 1 and len(lines) == 1, stderr
-    assert lines[0].startswith("hpcpax.train: error on rank 0: --synthetic-samples "
-                               "10000000000000: synthetic lm data needs about 654.8 TiB per "
-                               "worker, 654.8 TiB for the 1 worker of this node, more than the ")
-    assert lines[0].endswith(" available; give a smaller --synthetic-samples or a --data file")
-    assert peak < 1 << 30, peak  # refused before the data was made
+    assert lines[0].startswith("hpcpax.train: error on rank 0: " + start)
+    assert lines[0].endswith(end)
+    assert peak < 1 << 30, peak  # refused before anything vocabulary-sized was made
+
+
+def test_the_full_eval_check_holds_lm_evaluation_to_the_replica_memory(monkeypatch):
+    monkeypatch.setenv("HPCPAX_REPLICA_MEMORY", "148M")  # 1 Mi words x (16 + 33 x 4) bytes
+    config = parse_args(["--eval-every", "5"])
+    check_full_eval_memory(build_model("lm", vocab_size=1 << 20), config)
+    with pytest.raises(ConfigError, match=r"\(1048577 x 33\) to each worker: about 148.0 MiB"):
+        check_full_eval_memory(build_model("lm", vocab_size=(1 << 20) + 1), config)
+    check_full_eval_memory(build_model("lm", vocab_size=10**9), parse_args([]))  # no eval
+    check_full_eval_memory(build_model("ctr", table_rows=10**9), config)  # ctr: batch rows only
 
 
 def test_the_check_compares_every_worker_of_the_node_with_memavailable(tmp_path):
