@@ -24,8 +24,8 @@ from __future__ import annotations
 import hashlib
 import json
 
-__all__ = ["check_same", "check_options", "fingerprint", "status_of", "refuse_together", "agree_input",
-           "STATUS_OK", "STATUS_NONFINITE"]
+__all__ = ["check_same", "check_options", "fingerprint", "status_of", "refuse_together",
+           "agree_input", "STATUS_OK", "STATUS_NONFINITE"]
 
 STATUS_OK, STATUS_BAD_INDEX, STATUS_NONFINITE, STATUS_BAD_TYPE, STATUS_BAD_VALUE = range(5)
 
