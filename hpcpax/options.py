@@ -114,12 +114,14 @@ def _bytes(text):
 
 @dataclass(frozen=True)
 class Option:
-    """One setting: attribute ``name``, variable ``HPCPAX_<NAME>``, parser and default."""
+    """One setting: attribute ``name``, variable ``HPCPAX_<NAME>``, parser and default;
+    ``agree``: every rank must hold the same value."""
 
     name: str
     parse: Callable[[str], object]
     default: object
     help: str
+    agree: bool = False
 
     @property
     def variable(self) -> str:
@@ -133,11 +135,12 @@ OPTIONS = (
            "only if a trial step measured faster there)"),
     Option("timeout", _seconds, 600.0,
            "seconds a guarded operation (set-up phase, step, served request) may take before "
-           "the watchdog names the stuck ranks and aborts the job; 0 turns it off"),
+           "the watchdog names the stuck ranks and aborts the job; 0 turns it off", agree=True),
     Option("ranks_per_node", _integer(0, unset_at=0), None,
-           "cut each host into virtual nodes of this many consecutive ranks (0: hosts)"),
+           "cut each host into virtual nodes of this many consecutive ranks (0: hosts)",
+           agree=True),
     Option("servers_per_node", _integer(0), None,
-           "parameter-server ranks per node (default 1 with several ranks, else 0)"),
+           "parameter-server ranks per node (default 1 with several ranks, else 0)", agree=True),
     Option("threads", _integer(0), None,
            "BLAS and Numba threads per rank (0: leave the libraries' own; default: the "
            "host's cores / ranks on the host)"),
@@ -148,9 +151,9 @@ OPTIONS = (
            "bytes a whole sparse table with its optimizer slots may take on one rank: larger "
            "tables are never replicated (allgather/allreduce) nor gathered whole "
            "(gather_table, read_table); also the limit of a worker's dense layers (parameters, "
-           "gradients, optimizer slots, allreduce buffer)"),
+           "gradients, optimizer slots, allreduce buffer)", agree=True),
     Option("bucket_bytes", _integer(1), None,
-           "dense allreduce fusion size, skipping the autotune"),
+           "dense allreduce fusion size, skipping the autotune", agree=True),
     Option("cuda_aware_mpi", _switch, None,
            "1/0: the MPI library does/does not take GPU buffers (default: ask the library)"),
     Option("run_log", str, None,
@@ -174,14 +177,14 @@ OPTIONS = (
            "HPCPAX_WAIT says, with poll_seconds)"),
     Option("hot_rows", _integer(0), 0,
            "parameter server: rows that at least this many nodes pull or push in a step "
-           "travel once, down a broadcast tree / up a reduction chain (0: off)"),
+           "travel once, down a broadcast tree / up a reduction chain (0: off)", agree=True),
     Option("hot_rows_min_bytes", _integer(0), 16384,
            "hot rows, fixed rule (HPCPAX_HOT_ROWS): a group of rows takes a tree only when "
-           "the owner bytes it saves reach this (the plan's cost model sets its own)"),
+           "the owner bytes it saves reach this (the plan's cost model sets its own)", agree=True),
     Option("hot_rows_chunk_bytes", _integer(0), 262144,
            "hot rows: a group larger than this goes in pieces of about this size, each "
            "forwarded down its chain as soon as it arrives (pipelining; 0: whole groups, "
-           "binomial trees above 3 nodes)"),
+           "binomial trees above 3 nodes)", agree=True),
 )
 _BY_NAME = {option.name: option for option in OPTIONS}
 
@@ -238,6 +241,22 @@ class Options:
     def as_dict(self) -> dict:
         """Every option's current value."""
         return {option.name: getattr(self, option.name) for option in OPTIONS}
+
+    def agreed_values(self) -> dict:
+        """``{variable: value}`` of every option marked ``agree``, for comparison across ranks.
+
+        A value that does not parse is ``"invalid: <text>"`` here instead of an
+        error, so that ranks compare before any of them raises.
+        """
+        values = {}
+        for option in OPTIONS:
+            if option.agree:
+                try:
+                    values[option.variable] = getattr(self, option.name)
+                except ConfigError:
+                    values[option.variable] = \
+                        f"invalid: {os.environ.get(option.variable, '').strip()!r}"
+        return values
 
     def unknown_variables(self, environ=None) -> list:
         """``HPCPAX_*`` names in the environment that are no option (typos)."""

@@ -307,6 +307,10 @@ def load_dense(path, expected=None):
     Args:
         expected: ``{name: shape}``: every parameter must be there with that
             shape, checked before anything is read.
+
+    Raises:
+        CheckpointError: the file is unreadable, a parameter is missing or
+            of another shape, or a value is NaN or Inf (named with its index).
     """
     h5py = _h5py()
     file_path = os.path.join(os.fspath(path), "dense.h5")
@@ -323,6 +327,15 @@ def load_dense(path, expected=None):
                      for name in f["optimizer"]}
     except (OSError, KeyError, RuntimeError) as exc:
         raise CheckpointError(f"{file_path}: cannot read ({exc})") from None
+    named = [(f"parameter {n!r}", v) for n, v in params.items()] + \
+        [(f"optimizer slot {s!r} of {n!r}", v) for n, slots in state.items()
+         for s, v in slots.items()]
+    for what, values in named:
+        values = np.asarray(values)
+        if values.dtype.kind == "f" and not np.isfinite(values).all():
+            where = tuple(int(i) for i in np.argwhere(~np.isfinite(values))[0])
+            raise CheckpointError(f"{file_path}: {what} value {values[where]} at index "
+                                  f"{where} is not finite")
     return params, state
 
 
@@ -331,6 +344,17 @@ def _sparse_files(path):
     listed = read_manifest(path)["files"]
     return sorted(os.path.join(path, name) for name in listed
                   if name.startswith("sparse_rank") and name.endswith(".h5"))
+
+
+def _refuse_nonfinite(file_path, name, what, ids, values) -> None:
+    """Raise naming the file, the variable and the row (global id) of a NaN or Inf."""
+    if values.dtype.kind != "f" or np.isfinite(values).all():
+        return
+    where = np.argwhere(~np.isfinite(values))[0]
+    column = f", column {int(where[1])}" if len(where) > 1 else ""
+    raise CheckpointError(f"{file_path}: variable {name!r}: {what} value "
+                          f"{values[tuple(where)]} at row {int(ids[where[0]])}{column} "
+                          "is not finite")
 
 
 def load_matching(path, name, keep, dim=None):
@@ -350,7 +374,9 @@ def load_matching(path, name, keep, dim=None):
 
     Raises:
         CheckpointError: a file is unreadable (named), no file holds
-            ``name``, or a selected id is present twice.
+            ``name``, a selected id is present twice, or a selected row of the
+            table or of an optimizer slot holds NaN or Inf (file, variable,
+            row id and column named).
     """
     h5py = _h5py()
     pieces, scalar_state, layout = [], None, None
@@ -378,9 +404,14 @@ def load_matching(path, name, keep, dim=None):
                     stop = min(start + _READ_BLOCK_ROWS, len(ids))
                     hit = chosen[start:stop]
                     if hit.any():  # one bounded window read, then a selection
-                        pieces.append((ids[start:stop][hit], group["table"][start:stop][hit],
-                                       {k: group["row_state"][k][start:stop][hit]
-                                        for k in group["row_state"]}))
+                        piece = (ids[start:stop][hit], group["table"][start:stop][hit],
+                                 {k: group["row_state"][k][start:stop][hit]
+                                  for k in group["row_state"]})
+                        _refuse_nonfinite(file_path, name, "table", piece[0], piece[1])
+                        for slot, values in piece[2].items():
+                            _refuse_nonfinite(file_path, name, f"optimizer slot {slot!r}",
+                                              piece[0], values)
+                        pieces.append(piece)
         except CheckpointError:
             raise
         except (OSError, KeyError, ValueError, RuntimeError) as exc:

@@ -6,11 +6,14 @@ before the first step, with both numbers named.
 
 from __future__ import annotations
 
+import numpy as np
+
 from ..errors import ConfigError
+from ..options import counted, format_bytes
 from .config import model_kwargs
 from .evaluation import EVAL_POSITION, EvalSet
 
-__all__ = ["build_model", "open_data"]
+__all__ = ["build_model", "check_full_eval_memory", "check_synthetic_memory", "open_data"]
 
 
 def _reader_options(kind, config, context):
@@ -104,6 +107,68 @@ def _check_same_vocabulary(train_path, eval_path, context):
             f"--eval-output` run")
 
 
+def _synthetic_sizes(kind, model, config):
+    if kind == "lm":
+        return {"num_tokens": config["synthetic_samples"], "vocab_size": model.vocab_size}
+    return {"num_samples": config["synthetic_samples"], "n_dense": model.n_dense,
+            "n_fields": model.n_fields, "cardinality": list(model.table_rows)}
+
+
+def check_synthetic_memory(model, config, workers_on_node, meminfo="/proc/meminfo"):
+    """Refuse synthetic data the node's workers cannot hold, before any of it is made.
+
+    Every worker generates the whole synthetic data set (no array grows with
+    the vocabulary or the table rows: :mod:`hpcpax.data.zipf`), so
+    ``workers_on_node`` copies of its peak bytes must fit ``MemAvailable``.
+    Not collective; a no-op with ``--data`` or where ``/proc/meminfo`` is unreadable.
+
+    Raises:
+        ConfigError: naming ``--synthetic-samples``, the bytes needed and available.
+    """
+    from ..data.synthetic import ctr_bytes, lm_bytes
+    from ..ps.memory import available_memory
+
+    if config["data"] is not None:
+        return
+    kind = config["model"]
+    sizes = _synthetic_sizes(kind, model, config)
+    need = lm_bytes(**sizes) if kind == "lm" else ctr_bytes(**sizes)
+    available = available_memory(meminfo)
+    if available is not None and need * workers_on_node > available:
+        raise ConfigError(
+            f"--synthetic-samples {config['synthetic_samples']}: synthetic {kind} data needs "
+            f"about {format_bytes(need)} per worker, {format_bytes(need * workers_on_node)} for "
+            f"the {counted(workers_on_node, 'worker')} of this node, more than the "
+            f"{format_bytes(available)} available; give a smaller --synthetic-samples or a "
+            f"--data file")
+
+
+def check_full_eval_memory(model, config):
+    """Refuse an lm evaluation whose full softmax cannot be pulled to a worker.
+
+    lm evaluation scores every word: each worker pulls all rows of
+    ``softmax_w`` and ``softmax_b`` with their ids, a whole-table read held to
+    ``HPCPAX_REPLICA_MEMORY`` like ``read_table``. Not collective; a pure
+    function of the model, the config and the option (the same on every rank).
+
+    Raises:
+        ConfigError: naming ``--eval-every``, the rows and the bytes.
+    """
+    from ..options import options
+
+    if model.name != "lm" or not config["eval_every"]:
+        return
+    width = model.out_dim + 1  # a softmax_w row and its softmax_b entry
+    need = model.vocab_size * (16 + width * np.dtype(model.dtype).itemsize)  # two id arrays
+    if need > options.replica_memory:
+        raise ConfigError(
+            f"--eval-every {config['eval_every']}: lm evaluation scores the full softmax, "
+            f"pulling every row of softmax_w and softmax_b ({model.vocab_size} x {width}) to "
+            f"each worker: about {format_bytes(need)}, above HPCPAX_REPLICA_MEMORY "
+            f"({format_bytes(options.replica_memory)}); leave --eval-every at 0, give a "
+            f"smaller --vocab-size, or raise HPCPAX_REPLICA_MEMORY")
+
+
 def open_data(model, config):
     """``(training reader, EvalSet)`` for ``model`` and ``config``.
 
@@ -124,11 +189,8 @@ def open_data(model, config):
     context = getattr(model, "context", None)
     options = _reader_options(kind, config, context)
     if config["data"] is None:
-        sizes = ({"num_tokens": config["synthetic_samples"], "vocab_size": model.vocab_size}
-                 if kind == "lm" else
-                 {"num_samples": config["synthetic_samples"], "n_dense": model.n_dense,
-                  "n_fields": model.n_fields, "cardinality": list(model.table_rows)})
-        train = open_dataset("synthetic", kind, **sizes, **options)
+        train = open_dataset("synthetic", kind, **_synthetic_sizes(kind, model, config),
+                             **options)
     else:
         train = open_dataset(config["data"], kind, **options)
     if kind == "ctr":

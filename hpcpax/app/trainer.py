@@ -37,7 +37,7 @@ from . import auto_run, build, relaxed_run
 from .checkpointing import RunCheckpoints
 from .commands import CommandChannel
 from .config import resolve
-from .datasets import build_model, open_data
+from .datasets import build_model, check_full_eval_memory, check_synthetic_memory, open_data
 from .device_choice import worker_device
 from .evaluation import evaluate
 from .metrics import MetricsWriter, ProgressBar, json_safe, read_metrics, write_json
@@ -111,9 +111,14 @@ class Trainer:
         """
         import hpcpax
         from ..comm.startup import check_arrival
+        from ..comm.topology import world_comm
 
         config = self.config
         check_arrival(self.comm, config["timeout"])  # a rank stuck in imports is named
+        # flags as given (run dir made absolute), before init or the watchdog use them
+        given = {**config, "run_dir": config["run_dir"] and os.path.abspath(config["run_dir"])}
+        check_same(self.comm if self.comm is not None else world_comm(), "training config",
+                   json_safe(given))
         self.topology = hpcpax.init(config["ranks_per_node"], config["servers_per_node"],
                                     comm=self.comm)
         self.watchdog = Watchdog(self.topology.comm, config["timeout"])
@@ -191,6 +196,9 @@ class Trainer:
 
         topo, config = self.topology, self.config
         self.model = build_model(config)
+        here = sum(1 for rank in topo.worker_ranks if topo.node_of[rank] == topo.node)
+        check_synthetic_memory(self.model, config, here)  # before tables, plan and data
+        check_full_eval_memory(self.model, config)
         specs = build.sparse_specs(self.model, config)
         spec = config["plan"] if self._plan_override is None else self._plan_override
         spec = relaxed_run.plan_under(config, spec)

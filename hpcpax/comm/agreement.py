@@ -11,6 +11,12 @@ a check on one rank must fail on every rank, before any data moves.
 :func:`refuse_together` is the one protocol for that (the parameter server
 carries the status codes in its operation header; other collectives
 exchange them with :func:`agree_input`).
+
+Settings are agreed like data: :func:`check_options` compares the
+``HPCPAX_*`` options that shape the job (marked ``agree`` in
+:mod:`hpcpax.options`), so an MPMD launch with another environment on some
+ranks stops at :func:`hpcpax.init`, naming the variable, instead of building
+two layouts.
 """
 
 from __future__ import annotations
@@ -18,8 +24,8 @@ from __future__ import annotations
 import hashlib
 import json
 
-__all__ = ["check_same", "fingerprint", "status_of", "refuse_together", "agree_input",
-           "STATUS_OK", "STATUS_NONFINITE"]
+__all__ = ["check_same", "check_options", "fingerprint", "status_of", "refuse_together",
+           "agree_input", "STATUS_OK", "STATUS_NONFINITE"]
 
 STATUS_OK, STATUS_BAD_INDEX, STATUS_NONFINITE, STATUS_BAD_TYPE, STATUS_BAD_VALUE = range(5)
 
@@ -138,3 +144,36 @@ def check_same(comm, what: str, fields: dict) -> None:
                 for ranks in groups.values()
             )
             raise MismatchError(f"ranks disagree on {what}: field {name!r} differs ({detail})")
+
+
+def _plain(value):
+    """NumPy scalars as Python ones: ``2`` and ``np.int64(2)`` hash alike."""
+    return value.item() if hasattr(value, "item") and hasattr(value, "dtype") else value
+
+
+def check_options(comm, arguments=None) -> None:
+    """Raise on every rank unless all ranks of ``comm`` hold the same job-shaping options.
+
+    **Collective** over ``comm`` (one small ``allgather``; a second one only on
+    a mismatch). Compares :meth:`hpcpax.options.Options.agreed_values`; a
+    value that fails to parse on some ranks is compared as its text, so the
+    ranks disagree (or all raise the parse error later) together.
+
+    Args:
+        comm: an mpi4py communicator, or None for a single process.
+        arguments: ``{variable: value}`` given in code that stands in for a
+            variable (``hpcpax.init``'s ``servers_per_node``...); None entries
+            leave the variable's own value.
+
+    Raises:
+        MismatchError: ``ranks disagree on HPCPAX_* settings: field
+            'HPCPAX_X' differs (ranks [..] have a; ranks [..] have b)``.
+    """
+    from ..options import options
+
+    fields = options.agreed_values()
+    for variable, value in (arguments or {}).items():
+        if value is not None:
+            fields[variable] = value
+    check_same(comm, "HPCPAX_* settings",
+               {k: "unset" if v is None else _plain(v) for k, v in fields.items()})

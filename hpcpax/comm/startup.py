@@ -13,6 +13,7 @@ or that rank 0 is (the others) and aborts the job.
 from __future__ import annotations
 
 import json
+import math
 import os
 import socket
 import sys
@@ -45,7 +46,10 @@ def check_arrival(comm=None, timeout=None, *, abort=None) -> float:
 
     Args:
         comm: the job's communicator (default ``MPI.COMM_WORLD``).
-        timeout: seconds; None = ``hpcpax.options.timeout``; 0 skips the check.
+        timeout: seconds; None = ``hpcpax.options.timeout``; 0 waits without a limit
+            (the ranks still meet: one whose timeout is 0 and one whose is not,
+            a setting :func:`hpcpax.init` then refuses, must not wait for each
+            other in different places).
         abort: called with the report instead of ``comm.Abort(1)`` (tests).
 
     Returns:
@@ -56,10 +60,10 @@ def check_arrival(comm=None, timeout=None, *, abort=None) -> float:
     comm = comm if comm is not None else MPI.COMM_WORLD
     timeout = resolve_timeout(timeout)
     rank, size = comm.Get_rank(), comm.Get_size()
-    if timeout == 0 or size == 1:
+    if size == 1:
         return 0.0
     start = time.monotonic()
-    deadline = start + timeout
+    deadline = start + timeout if timeout else math.inf
     me = json.dumps({"rank": rank, "host": socket.gethostname(), "pid": os.getpid()})
     if rank == 0:
         boxes = [bytearray(256) for _ in range(size)]

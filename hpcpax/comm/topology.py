@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .accounting import Accounting
+from .agreement import check_options
 from ..errors import ConfigError, TopologyError
 from ..options import counted, options
 from .threads import limit_threads
@@ -195,6 +196,8 @@ def init(ranks_per_node: int | None = None, servers_per_node: int | None = None,
 
     Raises:
         ConfigError: bad arguments (same on every rank).
+        MismatchError: ranks hold different job-shaping ``HPCPAX_*`` options
+            or arguments (:func:`~hpcpax.comm.agreement.check_options`), on every rank.
         TopologyError: the layout leaves no worker, or Slurm and MPI disagree.
     """
     from .slurm import SlurmEnv, check_mpi_world
@@ -204,6 +207,12 @@ def init(ranks_per_node: int | None = None, servers_per_node: int | None = None,
     check_mpi_world(SlurmEnv.from_environ(), size, rank)
 
     options.warn_unknown()
+    try:  # before any of them is used: a rank with another layout would split differently
+        check_options(comm, {"HPCPAX_RANKS_PER_NODE": ranks_per_node,
+                             "HPCPAX_SERVERS_PER_NODE": servers_per_node})
+    except Exception:
+        comm.Free()
+        raise
     if ranks_per_node is None:
         ranks_per_node = options.ranks_per_node
     if ranks_per_node is not None and (not isinstance(ranks_per_node, (int, np.integer))

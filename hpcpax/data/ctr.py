@@ -69,12 +69,16 @@ class _CTRReader(ShardedReader):
         self.id_limits = np.minimum(current, rows)
 
     def _check_batch(self, batch, indices):
-        labels, ids = batch["label"], batch["categorical"]
+        labels, ids, dense = batch["label"], batch["categorical"], batch["dense"]
         bad = ~np.isfinite(labels) | (labels < 0) | (labels > 1)
         if bad.any():
             row = int(np.argmax(bad))
             raise DataError(f"{self.name}: label {labels[row]} at row "
                             f"{int(indices[row]) + self._span[0]} is not in [0, 1]")
+        if not np.isfinite(dense).all():  # a NaN here would surface as a NaN gradient
+            row, column = np.argwhere(~np.isfinite(dense))[0]
+            raise DataError(f"{self.name}: dense value {dense[row, column]} at row "
+                            f"{int(indices[row]) + self._span[0]}, column {column} is not finite")
         bad = ids < 0 if self.id_limits is None else (ids < 0) | (ids >= self.id_limits)
         if bad.any():
             row, field = np.argwhere(bad)[0]

@@ -192,7 +192,7 @@ class SyntheticLM(_LMReader):
 
     @property
     def tokens(self):
-        """The whole int32 token stream (it lives in memory anyway)."""
+        """The whole token stream (int32, int64 past ``2**31`` ids; it lives in memory anyway)."""
         return self._tokens
 
     @property
