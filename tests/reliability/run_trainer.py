@@ -52,7 +52,7 @@ def hang_in_setup():
         while True:
             time.sleep(1)
 
-    hpcpax.app.trainer.select_device = stuck_device
+    hpcpax.app.trainer.worker_device = stuck_device
 
 
 def crash_in_checkpoint():
