@@ -135,6 +135,8 @@ def push_many(tables, grads) -> bool:
     if topology.workers.Get_size() == 1:  # one replica: its own gradient is the sum
         if error is not None:
             raise error
+        _count_nothing_moved(topology, [n for n in names if tables[n].method == "allgather"],
+                             [n for n in names if tables[n].method == "allreduce"])
         for name in names:
             tables[name]._apply(*prepared[name])
         return True
@@ -152,3 +154,16 @@ def push_many(tables, grads) -> bool:
             tables[name]._apply(*densify_allreduce(topology, name, ids, values,
                                                    tables[name].spec.rows))
     return True
+
+
+def _count_nothing_moved(topology, gathered, reduced) -> None:
+    """A one-worker push in the accounting as the collectives would count it: one
+    ``allgather`` call for the gathered tables, one ``dense_sparse`` record per
+    densified table, no bytes."""
+    acct = topology.accounting
+    if gathered:
+        zero = np.zeros((len(gathered), 1), np.int64)
+        acct.record_batched_exchange("allgather", gathered, zero, zero, 0.0,
+                                     ranks=topology.worker_ranks)
+    for name in reduced:
+        acct.record_bytes("dense_sparse", name)
