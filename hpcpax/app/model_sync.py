@@ -135,12 +135,16 @@ class ModelSync:
             self.steps = 0
             label = plan if isinstance(plan, str) else "table"
             if mode is not None and topo.num_workers == 1:
-                # nothing moves between workers, nothing to measure: with server
-                # ranks the tables stay on them; alone, the worker holds them
-                # either way, and a replica skips the exchange with itself
-                method = "ps" if topo.server_ranks else "allgather"
-                mode, label = None, f"{plan} (one worker: {method})"
-                requests = {name: {"method": method} for name in names}
+                # nothing moves between workers, nothing to measure: the worker
+                # holds whole every table a replica can (it reads it in place, no
+                # exchange with a server at all: pure cost with one worker), the
+                # server ranks hold the larger ones
+                from ..ps.memory import fits_whole
+
+                requests = {s.name: {"method": "allgather" if fits_whole(s)
+                                     or not topo.server_ranks else "ps"} for s in specs}
+                picked = sorted({r["method"] for r in requests.values()})
+                mode, label = None, f"{plan} (one worker: {'/'.join(picked) or 'none'})"
             check_same(topo.comm, "model sync set-up", {
                 "tables": [s.to_dict() for s in specs], "plan": repr(sorted(requests.items())),
                 "mode": mode, "dense": [[n, list(s), d.name] for n, s, d in

@@ -39,7 +39,7 @@ from ..options import format_bytes, options
 
 __all__ = ["MemoryBudgetError", "available_memory", "default_budget", "owner_budget", "table_bytes",
            "check_memory_budget", "DEFAULT_FRACTION", "RankMemory", "row_footprint",
-           "whole_table_bytes", "replicable", "check_whole_table", "MAP_BYTES_PER_ROW",
+           "whole_table_bytes", "replicable", "fits_whole", "check_whole_table", "MAP_BYTES_PER_ROW",
            "table_stats", "table_report"]
 
 class MemoryBudgetError(ConfigError):
@@ -210,6 +210,12 @@ def whole_table_bytes(rows: int, row_bytes: int, row_slots: int) -> int:
 def replicable(rows: int, row_bytes: int, row_slots: int = 0) -> bool:
     """Whether a whole table fits ``options.replica_memory`` (may be replicated or gathered)."""
     return whole_table_bytes(rows, row_bytes, row_slots) <= options.replica_memory
+
+
+def fits_whole(spec) -> bool:
+    """Whether the table of ``spec`` (a SparseVariableSpec) with its optimizer slots fits
+    ``options.replica_memory`` on one rank."""
+    return replicable(spec.rows, spec.row_bytes, _slot_count(spec))
 
 
 def check_whole_table(spec, what: str) -> None:

@@ -200,3 +200,38 @@ def test_every_command_the_planner_sends_has_a_handler():
         sync.finish()
     finally:
         topo.free()
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.timeout(120)
+def test_auto_with_one_worker_keeps_each_table_that_fits_whole_on_it(comm, all_ok):
+    """One worker beside the servers: ``auto`` makes every table a replica can hold
+    ``allgather`` (read in place, no exchange with a server), the others ``ps``;
+    training still equals one process."""
+    from hpcpax.options import options
+
+    if comm.Get_size() != 2:
+        pytest.skip("one server and one worker")
+    fits = ROWS_B * DIM_B * 8  # b fits with no optimizer slot; a (Adagrad, wider) does not
+    options.replica_memory = fits
+    topo = hpcpax.init(servers_per_node=1)
+    try:
+        sync = ModelSync(specs(), {"w": ((DENSE,), np.float64)}, plan="auto", topology=topo,
+                         fabric_seconds=0.2, quiet=True)
+        ok = True
+        if sync.is_server:
+            sync.serve()
+        else:
+            ok = sync.methods() == {"a": "ps", "b": "allgather"}
+            w = run(sync, 3)
+            del options.replica_memory  # reading the tables back gathers them whole
+            tables = sync.read_tables()
+            want_a, want_b, want_w = reference(3)
+            ok = ok and np.allclose(tables["a"], want_a, rtol=1e-12, atol=1e-14) and \
+                np.allclose(tables["b"], want_b, rtol=1e-12, atol=1e-14) and \
+                np.allclose(w, want_w, rtol=1e-12, atol=1e-14)
+            sync.finish()
+    finally:
+        del options.replica_memory
+        topo.free()
+    assert all_ok(ok)
