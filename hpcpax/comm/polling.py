@@ -36,12 +36,14 @@ from ..options import options
 __all__ = ["Backoff", "wait", "wait_all", "idle_barrier", "spinning", "SPIN_SECONDS",
            "FRACTION"]
 
-#: Seconds a waiting rank polls without sleeping (at most 20 polls): most answers on
-#: one node come this fast.
-SPIN_SECONDS = 5e-5
+#: Seconds a waiting rank polls without sleeping: most answers inside an operation
+#: come this fast (the next collective of a pull or push), and the shortest sleep
+#: costs ~60 us here.
+SPIN_SECONDS = 1e-4
 #: Each sleep of a proportional :class:`Backoff` is at most this share of the wait so far.
 FRACTION = 0.1
 _SPINS = 20  # polls before the first sleep of a Backoff without a fraction
+_MAX_SPINS = 5000  # a proportional Backoff's bound on polls, should the clock stall
 _FIRST_SLEEP = 2e-5
 _SLACK = []
 
@@ -69,10 +71,10 @@ class Backoff:
 
     Args:
         cap: longest sleep in seconds (default ``hpcpax.options.poll_seconds``).
-        fraction: with a fraction, poll for :data:`SPIN_SECONDS` (at most 20
-            times), then make each sleep at most this share of the time waited
-            so far (a bounded relative latency); without, poll 20 times, then
-            double the sleep up to the cap.
+        fraction: with a fraction, poll for :data:`SPIN_SECONDS`, then make
+            each sleep at most this share of the time waited so far (a bounded
+            relative latency); without, poll 20 times, then double the sleep up
+            to the cap.
     """
 
     def __init__(self, cap=None, fraction=None):
@@ -94,7 +96,7 @@ class Backoff:
             if self._since is None:
                 self._since = now
             waited = now - self._since
-            if waited < SPIN_SECONDS and self._spins < _SPINS:
+            if waited < SPIN_SECONDS and self._spins < _MAX_SPINS:
                 self._spins += 1
                 return
             self._sleep = max(_FIRST_SLEEP, self.fraction * waited)
