@@ -164,7 +164,7 @@ def test_backoff_with_a_fraction_sleeps_at_most_that_share_of_the_wait(monkeypat
     monkeypatch.setattr(polling.time, "sleep", sleep)
     backoff = Backoff(cap=0.001, fraction=0.1)
     waited = []
-    for _ in range(300):
+    for _ in range(polling._MAX_SPINS + 300):  # the stalled clock spins it that long
         waited.append(clock["now"] - 100.0)
         backoff.pause()
     sleeps = [(s, w) for s, w in zip(slept, [w for w in waited][-len(slept):])]
