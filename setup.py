@@ -25,6 +25,9 @@ setup(
         "fast": ["numba>=0.59"],
         "plot": ["matplotlib>=3.5"],
         "torch": ["torch>=2.1"],
+        # public models for benchmarks/torch_public_models.py (deepctr-torch imports
+        # requests without declaring it)
+        "bench": ["torch>=2.1", "deepctr-torch>=0.3", "transformers>=4.40", "requests"],
         "test": [
             "pytest>=7",
             "pytest-mpi>=0.6",
