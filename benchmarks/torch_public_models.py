@@ -13,7 +13,8 @@ classes unchanged; nothing of theirs is copied here:
 - ``bert``: Hugging Face ``transformers``' ``BertForMaskedLM`` from a small
   config (vocabulary 20,000, hidden 64, 2 layers; untied output layer; no
   dropout, so that runs can be compared), no downloaded weights; labels on
-  every position (a per-sample mean).
+  every position (a per-sample mean); gradients clipped to norm 1 as
+  transformers' ``Trainer`` does by default (``clip_max_rel_diff_f64``).
 
 Both train with ``torch.optim.SGD`` in the usual loop (``zero_grad``,
 forward, loss, ``backward``, ``step``), on the default plan (``auto``).
@@ -28,10 +29,11 @@ One ``mpirun -n 4`` job measures, per model:
    A plain torch, one process (rank 0; the others sleep); B the adapter on
    a one-rank world; C the adapter on 2 ranks (1 server + 1 worker); D on 4
    ranks (1 server + 3 workers); E ``DistributedDataParallel`` (gloo, 4
-   ranks, ``sparse=True`` embeddings, one torch thread per rank as torchrun
-   sets). A step's time is the slowest rank's; samples/s = global batch /
-   median step time of a phase; each ratio is the median over the rounds
-   of that round's ratio, with its spread (min, max).
+   ranks, one torch thread per rank as torchrun sets; DeepFM's embeddings
+   ``sparse=True``, BERT's dense since it clips). A step's time is the
+   slowest rank's; samples/s = global batch / median step time of a phase;
+   each ratio is the median over the rounds of that round's ratio, with its
+   spread (min, max).
 
 Prints one JSON line: the worst model per top-level key, each model's
 figures under ``models`` (with the plan each adapter run used).
@@ -165,12 +167,19 @@ class BertCase:
 
     @staticmethod
     def step(model, optimizer, batch):
+        import torch
+
         ids, labels = batch
         optimizer.zero_grad()
         model(input_ids=ids, labels=labels).loss.backward()
+        # as transformers' Trainer does by default (max_grad_norm=1.0): the norm
+        # includes the word embeddings' gradient
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
 
-    sparse_for_ddp = staticmethod(DeepFMCase.sparse_for_ddp)
+    @staticmethod
+    def sparse_for_ddp(model):
+        """Nothing: clipping needs dense gradients (torch cannot take a sparse one's norm)."""
 
 
 CASES = {"deepfm": DeepFMCase, "bert": BertCase}
@@ -400,6 +409,8 @@ def main():
                  "ratio_adapter_vs_plain_1rank": min, "ratio_adapter_2ranks_vs_plain": min,
                  "ratio_adapter_vs_ddp_4ranks": min}
         line = {key: pick(m[key] for m in models.values()) for key, pick in worst.items()}
+        if "bert" in models:  # the model that clips
+            line["clip_max_rel_diff_f64"] = models["bert"]["max_rel_diff_f64"]
         line.update({"quick": args.quick, "rounds": args.rounds, "timed_steps": args.steps,
                      "models": models})
         _common.emit(line)
