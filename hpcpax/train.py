@@ -13,7 +13,6 @@ file; 1 on any other error.
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 
@@ -95,25 +94,40 @@ def _main_aborting_on_error() -> int:
 
 
 def _exit(status: int) -> None:
-    """Leave with ``status``, also under ``python -m mpi4py``.
+    """Leave with ``status`` once every rank is done, also under ``python -m mpi4py``.
 
-    mpi4py's runner calls ``MPI_Abort`` for any ``SystemExit`` with a
-    non-zero code, which would turn the documented preemption status into a
-    killed job. Every rank reaches this with the same status (the stop is
-    agreed), so MPI is finalized cleanly first and the process exits directly.
+    Every rank agrees on one status and waits for the others
+    (:func:`~hpcpax.comm.startup.leave_together`): a launcher may kill the
+    ranks still running when one exits non-zero (``srun --kill-on-bad-exit``).
+    MPI is then finalized before ``sys.exit``, so mpi4py's runner, which
+    calls ``MPI_Abort`` for a non-zero ``SystemExit`` while MPI is active,
+    leaves the status alone, and the process ends through the C library's
+    ``exit``: MPICH tells its process manager that a rank finalized from an
+    exit hook, and without it (``os._exit``) hydra took the exit for a crash
+    and killed every rank still running (status 9 instead of 3).
     """
-    if status == 0:
-        sys.exit(0)
+    from .app.preemption import EXIT_PREEMPTED
+
+    if status == EXIT_PREEMPTED:
+        import signal
+
+        # the checkpoint is written: a second request (srun's SIGTERM to the ranks
+        # still exiting once one has left) must not turn status 3 into a killed job
+        for signum in (signal.SIGTERM, signal.SIGUSR1):
+            signal.signal(signum, signal.SIG_IGN)
     sys.stdout.flush()
     sys.stderr.flush()
     try:
         from mpi4py import MPI
 
         if MPI.Is_initialized() and not MPI.Is_finalized():
+            from .comm.startup import leave_together
+
+            status = leave_together(status)
             MPI.Finalize()
     except ImportError:  # pragma: no cover
         pass
-    os._exit(status)
+    sys.exit(status)
 
 
 if __name__ == "__main__":

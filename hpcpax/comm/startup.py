@@ -1,4 +1,5 @@
-"""Start-up under a timeout: a rank that never arrives is named, the job ends.
+"""Start-up and departure under a timeout: a rank that never arrives is named, the job ends;
+no rank leaves before every rank is done.
 
 The watchdog (:mod:`hpcpax.comm.watchdog`) can only watch once every rank
 has created it, which is itself collective. A rank stuck before that (in
@@ -8,6 +9,12 @@ before any collective: every rank tells rank 0 it has arrived with a small
 point-to-point message, rank 0 waits for all of them up to the timeout and
 then answers; whoever waits too long prints which ranks are missing (rank 0)
 or that rank 0 is (the others) and aborts the job.
+
+:func:`leave_together` is the other end: before ``MPI_Finalize`` every rank
+agrees on one exit status and waits until every rank got there. A launcher
+may stop the ranks still running as soon as one exits non-zero (``srun
+--kill-on-bad-exit``), so a rank that left while another was still writing
+its outputs turned the preemption status 3 into a killed job.
 """
 
 from __future__ import annotations
@@ -23,7 +30,7 @@ import numpy as np
 
 from .watchdog import resolve_timeout
 
-__all__ = ["check_arrival"]
+__all__ = ["check_arrival", "leave_together"]
 
 _TAG_ARRIVE, _TAG_GO = 7311, 7312
 _POLL_SECONDS = 0.02
@@ -101,3 +108,42 @@ def _give_up(comm, abort, report, requests):
     time.sleep(0.5)  # let the launcher forward the line before the abort
     comm.Abort(1)
     return -1.0  # pragma: no cover - Abort does not return
+
+
+def leave_together(status, comm=None, timeout=None, *, abort=None) -> int:
+    """The exit status every rank of ``comm`` leaves with, once all got here; **collective**.
+
+    One non-blocking ``Allreduce`` (the highest status wins), polled without
+    spinning, so it is also the last barrier before ``MPI_Finalize``.
+
+    Args:
+        status: this rank's exit status.
+        comm: the job's communicator (default ``MPI.COMM_WORLD``).
+        timeout: seconds to wait for the others; None = ``hpcpax.options.timeout``;
+            0 waits without limit.
+        abort: called with the report instead of ``comm.Abort(status)`` (tests).
+
+    Returns:
+        The agreed status (``status`` itself on a one-rank communicator).
+    """
+    from mpi4py import MPI
+
+    comm = comm if comm is not None else MPI.COMM_WORLD
+    timeout = resolve_timeout(timeout)
+    if comm.Get_size() == 1:
+        return int(status)
+    mine = np.array([int(status)], np.int64)
+    agreed = np.zeros(1, np.int64)
+    request = comm.Iallreduce([mine, MPI.INT64_T], [agreed, MPI.INT64_T], op=MPI.MAX)
+    deadline = time.monotonic() + timeout if timeout else float("inf")
+    if _wait([request], deadline):
+        report = (f"hpcpax: rank {comm.Get_rank()} ({socket.gethostname()}) finished, but "
+                  f"not every rank did within {timeout:g} s (HPCPAX_TIMEOUT); ending the job "
+                  f"with status {int(status)}")
+        print(report, file=sys.stderr, flush=True)
+        if abort is not None:
+            abort(report)
+            return int(status)
+        time.sleep(0.5)  # let the launcher forward the line before the abort
+        comm.Abort(int(status))
+    return int(agreed[0])

@@ -14,15 +14,23 @@ Started by the reliability tests under their own ``mpirun``. Environment:
 - ``RELIABILITY_CRASH_IN_CHECKPOINT=STEP[:RANK]``: RANK (default the last)
   dies (``os._exit(9)``) while checkpoint STEP is half written: its files are
   in the temporary directory, the manifest is not.
+- ``RELIABILITY_EXIT_DELAY=SECONDS:RANK``: RANK sleeps SECONDS right after
+  ``MPI_Finalize`` (as a rank the OS runs late while the job ends), then says so.
+- ``RELIABILITY_SIGNAL_STEP=STEP``: after its step STEP the first worker sends
+  ``SIGUSR1`` to every rank (the pids in ``RELIABILITY_PID_DIR``), as Slurm
+  does before a time limit.
+
+The job ends as ``python -m hpcpax.train`` does (:func:`hpcpax.train._exit`).
 """
 
 import os
+import signal
 import sys
 import time
 
 from mpi4py import MPI
 
-from hpcpax.train import main
+from hpcpax.train import _exit, main
 
 
 def hang_hook():
@@ -38,6 +46,36 @@ def hang_hook():
                 time.sleep(1)
 
     return [hook]
+
+
+def signal_hook():
+    step = os.environ.get("RELIABILITY_SIGNAL_STEP")
+    if step is None:
+        return []
+
+    def hook(trainer, done):
+        if done == int(step) and trainer.is_leader:
+            pid_dir = os.environ["RELIABILITY_PID_DIR"]
+            for name in sorted(os.listdir(pid_dir)):
+                with open(os.path.join(pid_dir, name), encoding="ascii") as handle:
+                    os.kill(int(handle.read()), signal.SIGUSR1)
+
+    return [hook]
+
+
+def late_after_finalize():
+    delay, _, late_rank = os.environ.get("RELIABILITY_EXIT_DELAY", "0:-1").partition(":")
+    if int(late_rank) != MPI.COMM_WORLD.Get_rank():
+        return
+    finalize = MPI.Finalize
+
+    def finalize_then_wait():
+        finalize()
+        time.sleep(float(delay))
+        print(f"[rank {late_rank}] test hook: left {delay} s after MPI_Finalize",
+              file=sys.stderr, flush=True)
+
+    MPI.Finalize = finalize_then_wait
 
 
 def hang_in_setup():
@@ -100,4 +138,5 @@ if __name__ == "__main__":
             time.sleep(1)
     hang_in_setup()
     crash_in_checkpoint()
-    sys.exit(main(hooks=hang_hook()))
+    late_after_finalize()
+    _exit(main(hooks=hang_hook() + signal_hook()))

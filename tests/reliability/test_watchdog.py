@@ -13,7 +13,7 @@ import pytest
 from mpi4py import MPI
 
 from hpcpax.errors import ConfigError
-from hpcpax.comm.startup import check_arrival
+from hpcpax.comm.startup import check_arrival, leave_together
 from hpcpax.comm.watchdog import DEFAULT_TIMEOUT, Watchdog, resolve_timeout
 from reliability_jobs import TINY, Job, serial_only
 
@@ -204,6 +204,30 @@ def test_arrival_check_names_a_rank_that_never_starts(comm):
             ok = len(reports) == 1 and "waited 1 s for rank 0" in reports[0]
         else:
             ok = not reports
+        assert comm.allreduce(ok, op=MPI.LAND)
+    finally:
+        comm.Barrier()
+        work.Free()
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.timeout(60)
+def test_ranks_leave_together_with_the_highest_status(comm):
+    """Every rank leaves with the highest status; one that never comes is reported by
+    the others after the timeout, nobody hangs."""
+    work = comm.Dup()
+    try:
+        rank, size = work.Get_rank(), work.Get_size()
+        ok = leave_together(3 if rank == size - 1 else 0, work, timeout=20) == 3
+        reports = []
+        if rank != size - 1:
+            ok &= leave_together(0, work, timeout=1.0, abort=reports.append) == 0
+            ok &= len(reports) == 1 and reports[0].startswith(f"hpcpax: rank {rank} (") \
+                and "not every rank did within 1 s (HPCPAX_TIMEOUT); ending the job with " \
+                "status 0" in reports[0]
+        comm.Barrier()
+        if rank == size - 1:
+            ok &= leave_together(0, work, timeout=20) == 0  # completes the others' request
         assert comm.allreduce(ok, op=MPI.LAND)
     finally:
         comm.Barrier()
