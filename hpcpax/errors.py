@@ -56,7 +56,7 @@ class CommTimeoutError(HpcpaxError, TimeoutError):
 
 
 class CheckpointError(HpcpaxError, RuntimeError):
-    """A checkpoint is missing, incomplete or corrupted."""
+    """A checkpoint is missing, incomplete or corrupted, or a run's file cannot be written."""
 
 
 class DataError(HpcpaxError, ValueError):

@@ -118,7 +118,8 @@ class AutoRun:
                              t.is_leader and not config["quiet"])
         metrics = MetricsWriter(os.path.join(t.run_dir, "metrics.jsonl"), t.is_leader,
                                 resumed_at=start_step - 1 if config["resume"] else None,
-                                job_id=t.job_id)
+                                job_id=t.job_id,
+                                log=lambda text: t.log(text, important=True))
         t._loop = {"metrics": metrics, "previous": None, "seconds": 0.0, "last": start_step - 1}
         t.log(f"consistency auto: starting at {self.policy.consistency}", important=True)
         self.metrics = metrics

@@ -14,7 +14,7 @@ import time
 
 import numpy as np
 
-from ..errors import ConfigError
+from ..errors import CheckpointError, ConfigError
 from .config import PLAN_MODES, load_plan_file, normalize_plan
 
 __all__ = ["prepare_run_dir", "run_in", "plan_requests", "sparse_specs", "dense_variables",
@@ -29,19 +29,27 @@ def prepare_run_dir(topology, config) -> tuple:
     is never silently started over: ``resume`` continues it (refused when
     there is no checkpoint to continue from), ``overwrite`` keeps the old run
     under ``RUN_DIR.replaced-<time>`` and starts a new one, and anything else
-    is refused. **Collective** over ``topology.comm``; errors raise
-    :class:`~hpcpax.errors.ConfigError` on every rank.
+    is refused. Then a probe file is written into ``checkpoints/`` and the
+    directory itself. **Collective** over ``topology.comm``; errors raise
+    :class:`~hpcpax.errors.ConfigError` (the write probe's
+    :class:`~hpcpax.errors.CheckpointError`) on every rank.
     """
+    from .checkpointing import check_writable
+
     path = error = note = None
+    disk = False  # the error is the write check's (a CheckpointError)
     if topology.rank == 0:
         try:
             path, note = _claim_run_dir(config)
+            check_writable(path)  # before config.json: a read-only --resume stops in one line
+        except CheckpointError as exc:
+            error, disk = str(exc), True
         except (OSError, ConfigError) as exc:
             error = str(exc) if isinstance(exc, ConfigError) else \
                 f"cannot create run directory {config['run_dir'] or 'runs/'}: {exc}"
-    path, error, note = topology.comm.bcast((path, error, note), root=0)
+    path, error, note, disk = topology.comm.bcast((path, error, note, disk), root=0)
     if error:
-        raise ConfigError(error)
+        raise (CheckpointError if disk else ConfigError)(error)
     job_id = topology.comm.bcast(os.environ.get("SLURM_JOB_ID")
                                  or f"{os.getpid()}-{int(time.time())}", root=0)
     return path, job_id, note

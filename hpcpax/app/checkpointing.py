@@ -24,7 +24,7 @@ from ..options import format_bytes
 from . import checkpoint as ckpt
 from .config import TRAINING_KEYS
 
-__all__ = ["RunCheckpoints", "data_fingerprint"]
+__all__ = ["RunCheckpoints", "data_fingerprint", "check_writable"]
 
 
 def data_fingerprint(path) -> str:
@@ -43,6 +43,30 @@ def data_fingerprint(path) -> str:
     except OSError as exc:
         raise CheckpointError(f"cannot read data file {path}: {exc.strerror or exc}") from None
     return "sha256:" + digest.hexdigest()[:32]
+
+
+def check_writable(run_dir) -> None:
+    """Write and remove a probe file in ``run_dir/checkpoints`` and in ``run_dir``. Local.
+
+    Raises:
+        CheckpointError: either cannot be written (one line naming it).
+    """
+    root = os.path.join(run_dir, "checkpoints")
+    for where in (root, run_dir):
+        try:
+            os.makedirs(where, exist_ok=True)
+            probe = os.path.join(where, f".write-test-{os.getpid()}")
+            with open(probe, "wb") as handle:
+                handle.write(b"x")
+            os.unlink(probe)
+        except OSError as exc:
+            raise _unwritable(where, exc) from None
+
+
+def _unwritable(where, exc) -> CheckpointError:
+    what = "checkpoints" if os.path.basename(where) == "checkpoints" else "the run's files"
+    return CheckpointError(f"cannot write {what} into {where}: {exc.strerror or exc} (a "
+                           "read-only or full file system?); choose another --run-dir")
 
 
 class RunCheckpoints:
@@ -174,14 +198,9 @@ class RunCheckpoints:
                 if re.fullmatch(r"step_\d+\.(tmp|old)-.*", name):
                     shutil.rmtree(os.path.join(root, name))
                     lines.append(f"checkpoints: removed {name} (left by an interrupted save)")
-            probe = os.path.join(root, f".write-test-{os.getpid()}")
-            with open(probe, "wb") as handle:
-                handle.write(b"x")
-            os.unlink(probe)
         except OSError as exc:
-            raise CheckpointError(f"cannot write checkpoints into {root}: {exc.strerror or exc} "
-                                  "(a read-only or full file system?); choose another "
-                                  "--run-dir") from None
+            raise _unwritable(root, exc) from None
+        check_writable(self.run_dir)
         free = shutil.disk_usage(root).free
         if free < need:
             raise CheckpointError(f"no room for a checkpoint in {root}: one needs about "

@@ -147,7 +147,8 @@ class RelaxedRun:
         t._bar = ProgressBar(steps_shown, clock, t.is_leader and not config["quiet"])
         metrics = MetricsWriter(os.path.join(t.run_dir, "metrics.jsonl"), t.is_leader,
                                 resumed_at=start_step - 1 if config["resume"] else None,
-                                job_id=t.job_id)
+                                job_id=t.job_id,
+                                log=lambda text: t.log(text, important=True))
         try:  # the trainer's preemption handler is active since MPI_Init
             clock, seconds, preempted = self._train(clock, metrics, t.preemption)
         finally:

@@ -175,7 +175,8 @@ class Trainer:
                                 self.is_leader and not config["quiet"])
         metrics = MetricsWriter(os.path.join(self.run_dir, "metrics.jsonl"), self.is_leader,
                                 resumed_at=start_step - 1 if config["resume"] else None,
-                                job_id=self.job_id)
+                                job_id=self.job_id,
+                                log=lambda text: self.log(text, important=True))
         self.planning.start(start_step, resumed=start_step > 1)
         try:
             last, train_seconds = self._train_loop(start_step, metrics)

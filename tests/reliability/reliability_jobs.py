@@ -21,6 +21,28 @@ TINY = ["--model", "lm", "--vocab-size", "300", "--context", "3", "--emb-dim", "
         "--quiet"]
 
 
+def mount_tmpfs(path, options):
+    """Mount a tmpfs with mount ``options`` (``size=4m``) at ``path`` (created); skip
+    unless root can."""
+    if os.geteuid() != 0 or not shutil.which("mount"):
+        pytest.skip("needs root to mount a tmpfs")
+    Path(path).mkdir(exist_ok=True)
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)],
+                          capture_output=True, text=True, timeout=30)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
+
+
+def remount(path, options):
+    """``mount -o remount,OPTIONS`` the tmpfs at ``path``."""
+    subprocess.run(["mount", "-o", f"remount,{options}", str(path)], check=True,
+                   capture_output=True, timeout=30)
+
+
+def unmount(path):
+    subprocess.run(["umount", "-l", str(path)], capture_output=True, timeout=30)
+
+
 def serial_only():
     """Skip inside an mpirun rank: a child MPI job cannot start there."""
     if MPI.COMM_WORLD.Get_size() > 1:
