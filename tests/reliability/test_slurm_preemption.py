@@ -11,6 +11,7 @@ Skips cleanly without Slurm. Serial suite only; a few minutes at most.
 """
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -41,7 +42,7 @@ def _state(job_id):
     return fields.get("JobState"), fields.get("Restarts", "0")
 
 
-def _script(tmp_path, run_dir, steps, checkpoint_every):
+def _script(tmp_path, run_dir, steps, checkpoint_every, extra=()):
     """Render the single-node template for the tiny model; returns its path."""
     if not _slurm_up():
         pytest.skip("no Slurm (run .ci/slurm_up.sh)")
@@ -50,7 +51,7 @@ def _script(tmp_path, run_dir, steps, checkpoint_every):
                     "hpcpax-rel", "--ntasks-per-node", "4", "--time", "00:10:00",
                     "--slurm-output", str(tmp_path / "slurm-%j.out"),
                     "--activate", str(Path(sys.executable).parent / "activate"),
-                    "--train-args", " ".join(TINY + ["--steps", str(steps)]),
+                    "--train-args", " ".join([*TINY, "--steps", str(steps), *extra]),
                     "--checkpoint-every", str(checkpoint_every),
                     "--run-dir", str(run_dir), "-o", str(script)], cwd=ROOT, check=True)
     return script
@@ -120,6 +121,39 @@ def test_usr1_to_the_ranks_exits_3_and_the_script_requeues(tmp_path):
         summary = json.loads((run_dir / "summary.json").read_text())
         assert summary["preempted"] and summary["signal"] == "SIGUSR1"
         assert ckpt.latest(run_dir).endswith(ckpt.checkpoint_name(summary["steps"]))
+    finally:
+        subprocess.run(["scancel", job_id], timeout=30)
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("consistency", ["bsp", "ssp:0", "asp"])
+def test_a_preempted_job_is_requeued_under_every_consistency_model(tmp_path, consistency):
+    """The rendered template (``srun --kill-on-bad-exit=1``) sees status 3 from the ranks
+    after ``scancel --signal=USR1 JOB`` and requeues, not one rank killed on the way."""
+    serial_only()
+    run_dir = tmp_path / "run"
+    script = _script(tmp_path, run_dir, steps=5000, checkpoint_every=4,
+                     extra=["--consistency", consistency])
+    job_id = _submit(script)
+    try:
+        _wait_for_metrics(run_dir, job_id)
+        subprocess.run(["scancel", "--signal=USR1", job_id], check=True, timeout=30)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            state, restarts = _state(job_id)
+            if int(restarts) >= 1 or state in ("COMPLETED", "FAILED", "CANCELLED"):
+                break
+            time.sleep(1)
+        output = "".join(p.read_text() for p in tmp_path.glob("slurm-*.out"))
+        print(output[-3000:])
+        assert int(restarts) >= 1 and state != "COMPLETED", (state, restarts, output[-2000:])
+        assert "checkpointed after a preemption signal; requeueing job" in output
+        # srun words every non-zero exit as an error: each must be a task's own 3
+        ends = re.findall(r"srun: error: \S+: tasks? [\d,-]+: (.*)", output)
+        assert ends and set(ends) == {"Exited with exit code 3"}, output[-2000:]
+        summary = json.loads((run_dir / "summary.json").read_text())
+        assert summary["preempted"] and summary["signal"] == "SIGUSR1"
+        ckpt.verify(ckpt.latest(run_dir))
     finally:
         subprocess.run(["scancel", job_id], timeout=30)
 
