@@ -50,8 +50,17 @@ def shell_word(value: str) -> str:
 
 
 def sbatch_word(value: str) -> str:
-    """``value`` escaped for an ``#SBATCH`` line: Slurm reads it back unchanged as one argument."""
-    return _SBATCH_SPECIAL.sub(r"\\\1", value)
+    """``value`` for an ``#SBATCH`` line: Slurm reads it back unchanged as one argument.
+
+    Plain words stay bare; any other value goes in double quotes, with ``"``
+    and ``\\`` after a backslash. Slurm 22.05's parser (Debian 12) splits at a
+    backslash-escaped space but honours double quotes and the two escapes in
+    them, as later releases do (checked with sbatch and squeue in
+    ``tests/slurm/test_sbatch_job.py``).
+    """
+    if not _SBATCH_SPECIAL.search(value):
+        return value
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
 def _shell_syntax_outside_quotes(value: str) -> str:

@@ -49,13 +49,13 @@ def test_plain_words_stay_bare():
         assert shell_word(word) == word and sbatch_word(word) == word
 
 
-def slurm_directive_arguments(rest, legacy=False):
+def slurm_directive_arguments(rest):
     """The arguments Slurm's ``#SBATCH`` parser reads from the text after ``#SBATCH``.
 
-    A model of sbatch's get_argument (src/sbatch/opt.c): whitespace separates
-    arguments, a backslash makes the next character literal, an unquoted ``#``
-    ends the line; quotes group (``legacy``, Slurm before 2.1: only double
-    quotes, and ``#`` ends the line even inside them).
+    A model of sbatch's directive parser as Slurm 22.05 behaves (checked with
+    sbatch and squeue): whitespace outside quotes separates arguments (a
+    backslash does not join them), an unquoted ``#`` ends the line, quotes
+    group, and a backslash makes the next character literal.
     """
     arguments, i = [], 0
     while i < len(rest):
@@ -66,15 +66,15 @@ def slurm_directive_arguments(rest, legacy=False):
         argument, quote = [], ""
         while i < len(rest) and (quote or not rest[i].isspace()):
             char = rest[i]
-            if char == "\\" and i + 1 < len(rest):
+            if char == "\\" and i + 1 < len(rest) and (quote or not rest[i + 1].isspace()):
                 argument.append(rest[i + 1])
                 i += 2
                 continue
             if quote and char == quote:
                 quote = ""
-            elif char == "#" and (legacy or not quote):
+            elif char == "#" and not quote:
                 return arguments + (["".join(argument)] if argument else [])
-            elif not quote and (char == '"' or (char == "'" and not legacy)):
+            elif not quote and char in "'\"":
                 quote = char
             else:
                 argument.append(char)
@@ -84,12 +84,11 @@ def slurm_directive_arguments(rest, legacy=False):
     return arguments
 
 
-@pytest.mark.parametrize("legacy", [False, True])
-def test_sbatch_word_round_trips_through_slurms_directive_parser(legacy):
+def test_sbatch_word_round_trips_through_slurms_directive_parser():
     for value in NASTY:
         if value:
             line = f" --job-name={sbatch_word(value)} # a comment"
-            assert slurm_directive_arguments(line, legacy) == [f"--job-name={value}"], value
+            assert slurm_directive_arguments(line) == [f"--job-name={value}"], value
 
 
 def test_split_words_keeps_quoted_syntax_as_data():
