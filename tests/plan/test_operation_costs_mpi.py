@@ -36,29 +36,21 @@ def test_operations_measured_on_the_job_agree_on_every_rank(comm):
 @pytest.mark.mpi(min_size=2)
 @pytest.mark.timeout(120)
 def test_after_work_factor_is_measured_for_serving_and_idle_servers(comm):
-    """Both server modes measured, >= 0, the same on every rank; with more ranks than
-    cores only because of the server (the workers alone fit), a serving server (it
-    waits inside MPI) makes the workers take turns and an idle one (it polls) does not."""
-    import os
-
+    """Both server modes measured, >= 0, the same on every rank. (Under the one wait
+    policy's default both modes sleep between polls, so a serving server no longer
+    makes the workers take turns on an oversubscribed host, as it did waiting
+    inside MPI: no order between the two is asserted.)"""
     from hpcpax.plan.calibrate import measure_after_work, measure_handoff
 
-    cores = len(os.sched_getaffinity(0))
-    ordered = comm.Get_size() > cores >= comm.Get_size() - 1
     topo = hpcpax.init(None, 1, comm=comm)
     try:
-        for _ in range(3):  # a shared node's noise can invert one measurement (seen once in CI)
-            factors = measure_after_work(topo, repeats=20)  # the same on every rank
-            if not ordered or factors["serving"] > factors["idle"]:
-                break
+        factors = measure_after_work(topo, repeats=20)  # the same on every rank
         handoff = measure_handoff(comm, repeats=10, topology=topo)
     finally:
         topo.free()
     ok = set(factors) == {"serving", "idle"} and all(v >= 0.0 for v in factors.values())
     ok = ok and set(handoff["after_work"]) == {"serving", "idle"}
     same = comm.allgather(factors) == [factors] * comm.Get_size()
-    if ordered:
-        ok = ok and factors["serving"] > factors["idle"]
     assert comm.allreduce(ok and same, op=MPI.LAND)
 
 
