@@ -13,11 +13,12 @@ server and clients, the hot-row trees) goes through :func:`wait` (or a
 :class:`Backoff` where the waiting loop does other work too). The policy is
 ``hpcpax.options.wait`` (``HPCPAX_WAIT``):
 
-- ``sleep`` (default): poll for :data:`SPIN_SECONDS`, then sleep between
-  polls; each sleep is at most :data:`FRACTION` of the time waited so far
-  (so the latency it adds stays a tenth of the wait) and at most
-  ``options.poll_seconds`` (1 ms). An idle rank costs about a thousand
-  cheap polls a second: a few percent of a core.
+- ``sleep`` (default): poll for :data:`SPIN_SECONDS` (inside an operation
+  already under way, whose peers are in it too, :data:`WITHIN_SPIN_SECONDS`),
+  then sleep between polls; each sleep is at most :data:`FRACTION` of the
+  time waited so far (so the latency it adds stays a tenth of the wait) and
+  at most ``options.poll_seconds`` (1 ms). An idle rank costs about a
+  thousand cheap polls a second: a few percent of a core.
 - ``spin``: wait inside MPI (the lowest latency), for nodes with a spare
   core per rank.
 
@@ -34,12 +35,16 @@ import time
 from ..options import options
 
 __all__ = ["Backoff", "wait", "wait_all", "idle_barrier", "spinning", "SPIN_SECONDS",
-           "FRACTION"]
+           "WITHIN_SPIN_SECONDS", "FRACTION"]
 
 #: Seconds a waiting rank polls without sleeping: most answers inside an operation
 #: come this fast (the next collective of a pull or push), and the shortest sleep
 #: costs ~60 us here.
 SPIN_SECONDS = 1e-4
+#: Seconds a rank polls before sleeping inside an operation already under way (the
+#: later exchanges of a pull or push, whose peers are in the same operation): each
+#: sleep there would cost a wake-up (~60 us, far more on a VM whose idle vCPU halts).
+WITHIN_SPIN_SECONDS = 2e-3
 #: Each sleep of a proportional :class:`Backoff` is at most this share of the wait so far.
 FRACTION = 0.1
 _SPINS = 20  # polls before the first sleep of a Backoff without a fraction
@@ -77,9 +82,10 @@ class Backoff:
             to the cap.
     """
 
-    def __init__(self, cap=None, fraction=None):
+    def __init__(self, cap=None, fraction=None, spin=SPIN_SECONDS):
         self.cap = float(options.poll_seconds if cap is None else cap)
         self.fraction = None if fraction is None else float(fraction)
+        self.spin = float(spin)
         _fine_timer_slack()
         self.reset()
 
@@ -96,7 +102,7 @@ class Backoff:
             if self._since is None:
                 self._since = now
             waited = now - self._since
-            if waited < SPIN_SECONDS and self._spins < _MAX_SPINS:
+            if waited < self.spin and self._spins < _MAX_SPINS:
                 self._spins += 1
                 return
             self._sleep = max(_FIRST_SLEEP, self.fraction * waited)
@@ -109,13 +115,15 @@ class Backoff:
         self._sleep = min(self._sleep * 2.0, self.cap)
 
 
-def wait(requests, cap=None) -> None:
+def wait(requests, cap=None, within=False) -> None:
     """Complete MPI ``requests`` by the wait policy (see the module).
 
     Args:
         requests: ``MPI.Request`` objects (``None`` entries are skipped).
         cap: longest sleep; 0 waits inside MPI (default: the policy, with
             ``options.poll_seconds``).
+        within: the wait is inside an operation under way (its peers are in it
+            too): poll :data:`WITHIN_SPIN_SECONDS` before the first sleep.
     """
     from mpi4py import MPI
 
@@ -127,7 +135,8 @@ def wait(requests, cap=None) -> None:
         return
     if MPI.Request.Testall(requests):
         return
-    backoff = Backoff(cap, fraction=FRACTION)
+    backoff = Backoff(cap, fraction=FRACTION,
+                      spin=WITHIN_SPIN_SECONDS if within else SPIN_SECONDS)
     while not MPI.Request.Testall(requests):
         backoff.pause()
 
