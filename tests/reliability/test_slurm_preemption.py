@@ -97,6 +97,22 @@ def test_usr1_checkpoints_requeues_and_finishes(tmp_path):
         subprocess.run(["scancel", job_id], timeout=30)
 
 
+def _usr1_and_wait(job_id, run_dir, folder):
+    """``scancel --signal=USR1`` once the job trains; ``(state, restarts, its output)``
+    once it was requeued or ended (at most 120 s)."""
+    _wait_for_metrics(run_dir, job_id)
+    subprocess.run(["scancel", "--signal=USR1", job_id], check=True, timeout=30)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        state, restarts = _state(job_id)
+        if int(restarts) >= 1 or state in ("COMPLETED", "FAILED", "CANCELLED"):
+            break
+        time.sleep(1)
+    output = "".join(p.read_text() for p in folder.glob("slurm-*.out"))
+    print(output[-3000:])
+    return state, restarts, output
+
+
 @pytest.mark.timeout(200)
 def test_usr1_to_the_ranks_exits_3_and_the_script_requeues(tmp_path):
     """``scancel --signal=USR1 JOB`` reaches the ranks, not the batch shell: they
@@ -106,16 +122,7 @@ def test_usr1_to_the_ranks_exits_3_and_the_script_requeues(tmp_path):
     script = _script(tmp_path, run_dir, steps=5000, checkpoint_every=2500)
     job_id = _submit(script)
     try:
-        _wait_for_metrics(run_dir, job_id)
-        subprocess.run(["scancel", "--signal=USR1", job_id], check=True, timeout=30)
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            state, restarts = _state(job_id)
-            if int(restarts) >= 1 or state in ("COMPLETED", "FAILED", "CANCELLED"):
-                break
-            time.sleep(1)
-        output = "".join(p.read_text() for p in tmp_path.glob("slurm-*.out"))
-        print(output[-3000:])
+        state, restarts, output = _usr1_and_wait(job_id, run_dir, tmp_path)
         assert int(restarts) >= 1 and state != "COMPLETED", (state, restarts, output[-2000:])
         assert "checkpointed after a preemption signal; requeueing job" in output
         summary = json.loads((run_dir / "summary.json").read_text())
@@ -136,16 +143,7 @@ def test_a_preempted_job_is_requeued_under_every_consistency_model(tmp_path, con
                      extra=["--consistency", consistency])
     job_id = _submit(script)
     try:
-        _wait_for_metrics(run_dir, job_id)
-        subprocess.run(["scancel", "--signal=USR1", job_id], check=True, timeout=30)
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            state, restarts = _state(job_id)
-            if int(restarts) >= 1 or state in ("COMPLETED", "FAILED", "CANCELLED"):
-                break
-            time.sleep(1)
-        output = "".join(p.read_text() for p in tmp_path.glob("slurm-*.out"))
-        print(output[-3000:])
+        state, restarts, output = _usr1_and_wait(job_id, run_dir, tmp_path)
         assert int(restarts) >= 1 and state != "COMPLETED", (state, restarts, output[-2000:])
         assert "checkpointed after a preemption signal; requeueing job" in output
         # srun words every non-zero exit as an error: each must be a task's own 3
