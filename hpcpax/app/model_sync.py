@@ -149,7 +149,7 @@ class ModelSync:
                 "tables": [s.to_dict() for s in specs], "plan": repr(sorted(requests.items())),
                 "mode": mode, "dense": [[n, list(s), d.name] for n, s, d in
                                         zip(dense_names, shapes, dtypes)]})
-            self.watchdog = Watchdog(topo.comm, timeout)
+            self.watchdog = Watchdog(topo.comm, timeout, role=topo.role)
             self.job_id = topo.comm.bcast(os.environ.get("SLURM_JOB_ID") or str(os.getpid()),
                                            root=0)
             self.ps = ParameterServer(topo, local_aggregation=local_aggregation, seed=seed)

@@ -109,8 +109,8 @@ class Trainer:
         :attr:`preempted` then says whether the run stopped early on a
         preemption signal (after its checkpoint).
         """
-        import hpcpax
         from ..comm.startup import check_arrival
+        from ..comm.topology import init
         from ..comm.topology import world_comm
 
         config = self.config
@@ -119,9 +119,10 @@ class Trainer:
         given = {**config, "run_dir": config["run_dir"] and os.path.abspath(config["run_dir"])}
         check_same(self.comm if self.comm is not None else world_comm(), "training config",
                    json_safe(given))
-        self.topology = hpcpax.init(config["ranks_per_node"], config["servers_per_node"],
-                                    comm=self.comm)
-        self.watchdog = Watchdog(self.topology.comm, config["timeout"])
+        self.topology = init(config["ranks_per_node"], config["servers_per_node"],
+                             comm=self.comm)
+        self.watchdog = Watchdog(self.topology.comm, config["timeout"],
+                                 role=self.topology.role)
         try:
             # installed once MPI is up (MPI_Init replaces signal handlers), for the whole run:
             # a signal during set-up is honoured at the first step boundary

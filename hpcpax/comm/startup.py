@@ -28,6 +28,7 @@ import time
 
 import numpy as np
 
+from .deathwatch import announce_abort
 from .watchdog import resolve_timeout
 
 __all__ = ["check_arrival", "leave_together"]
@@ -106,6 +107,7 @@ def _give_up(comm, abort, report, requests):
         abort(report)
         return -1.0
     time.sleep(0.5)  # let the launcher forward the line before the abort
+    announce_abort()
     comm.Abort(1)
     return -1.0  # pragma: no cover - Abort does not return
 
@@ -145,5 +147,6 @@ def leave_together(status, comm=None, timeout=None, *, abort=None) -> int:
             abort(report)
             return int(status)
         time.sleep(0.5)  # let the launcher forward the line before the abort
+        announce_abort()
         comm.Abort(int(status))
     return int(agreed[0])

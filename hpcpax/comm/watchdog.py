@@ -32,6 +32,7 @@ from contextlib import contextmanager
 import numpy as np
 
 from ..errors import ConfigError
+from .deathwatch import announce_abort, start_death_watch
 from ..options import options
 
 __all__ = ["Watchdog", "DEFAULT_TIMEOUT", "resolve_timeout"]
@@ -67,9 +68,11 @@ class Watchdog:
         timeout: seconds; None = ``$HPCPAX_TIMEOUT`` or 600; 0 disables.
         grace: seconds to collect the other ranks' answers before aborting.
         abort: called instead of ``MPI.COMM_WORLD.Abort(1)`` (tests).
+        role: what this rank is ("worker", "server"), for the report of a rank that
+            died (:mod:`hpcpax.comm.deathwatch`, started here the first time).
     """
 
-    def __init__(self, comm, timeout=None, *, grace=3.0, abort=None):
+    def __init__(self, comm, timeout=None, *, grace=3.0, abort=None, role=None):
         self.timeout = resolve_timeout(timeout)
         self.grace = float(grace)
         self.rank = comm.Get_rank()
@@ -84,6 +87,8 @@ class Watchdog:
         self._thread = None
         self._comm = None
         self._sends = []
+        # a killed rank is named by a watcher that outlives the launcher's clean-up
+        self._death_watch = start_death_watch(comm, role)
         if self.timeout == 0:
             return
         self._comm = comm.Dup()
@@ -146,6 +151,8 @@ class Watchdog:
         while not self._stop.wait(_POLL_SECONDS):
             self._answer_queries()
             current = self._current
+            self._death_watch.note(current[0] if current is not None
+                                   else f"idle after {self.last_op!r}")
             if current is not None and time.monotonic() - current[1] > self.timeout:
                 self._fire(current)
                 return
@@ -201,6 +208,7 @@ class Watchdog:
         # The launcher forwards stderr asynchronously and drops what is in
         # flight when the abort kills the job: give the report a moment.
         time.sleep(_FORWARD_SECONDS)
+        announce_abort()
         MPI.COMM_WORLD.Abort(1)
 
     # ----------------------------------------------------------------- close

@@ -345,6 +345,9 @@ def _watch_exit() -> None:
             # the other ranks may sit in a collective: stop the job, don't hang it
             from mpi4py import MPI
 
+            from ..comm.deathwatch import announce_abort
+
+            announce_abort()
             MPI.COMM_WORLD.Abort(1)
         _ACTIVE.finish()
 

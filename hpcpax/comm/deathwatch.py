@@ -1,0 +1,177 @@
+"""Name the rank that died first, from a process that outlives the job's ranks.
+
+When a rank is killed (``kill -9``, the OOM killer, a segfault), the launcher
+(MPICH's hydra) kills every other rank within milliseconds, before any of
+them can notice the silence and say who went first; hydra's own banner then
+often names a survivor's PID. :class:`DeathWatch` starts one small watcher
+process per host (plain Python, no MPI, in a session of its own, so the
+launcher's clean-up does not reach it). Every rank of the host holds a local
+socket to it and sends its rank, role and current operation; a rank that
+finishes says goodbye first (at exit, or before an abort it reports itself).
+A socket that closes without a goodbye is a rank that ended without
+finishing: its file descriptors close before the launcher can notice, so the
+first such close is the rank that went first. The watcher then prints one
+line on the rank's standard error, which the launcher still forwards (the
+watcher holds it open), and exits::
+
+    hpcpax: rank 2 (worker, host node3, pid 4551) ended without finishing, in 'step 130':
+    killed, crashed or out of memory (it left no error of its own); the launcher then
+    ended ranks [0, 1, 3] on this host within 41 ms
+
+On a job over several hosts each host's watcher speaks for its own ranks and
+stamps the line with the wall-clock time; the earliest line names the rank
+that went first (the others ended by the launcher's clean-up after it).
+
+Under Slurm the step's processes may be killed as one (its cgroup), watcher
+included; ``srun``'s own ``srun: error: node3: task 2: Killed`` lines then name
+the task.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import socket
+import subprocess
+import sys
+import threading
+import uuid
+
+__all__ = ["DeathWatch", "start_death_watch", "announce_abort"]
+
+_WATCHER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_deathwatch_watcher.py")
+#: Seconds the node leader waits for its watcher to listen before going on without one.
+_START_TIMEOUT = 20.0
+_ACTIVE = []  # the one DeathWatch of this process
+
+
+class DeathWatch:
+    """This rank's line to its host's watcher. Create with :func:`start_death_watch`.
+
+    Attributes:
+        address: the watcher's (abstract) socket address, or None when none runs.
+    """
+
+    def __init__(self, sock, address):
+        self._sock = sock
+        self.address = address
+        self._lock = threading.Lock()
+        self._last = None
+
+    def note(self, text: str) -> None:
+        """Tell the watcher what this rank does now (one short line; never blocks)."""
+        text = " ".join(str(text).split())[:200]
+        if text == self._last:
+            return
+        self._last = text
+        self._send(f"op {text}\n")
+
+    def farewell(self) -> None:
+        """This rank ends on purpose: the watcher stays silent about it. Idempotent."""
+        self._send("bye\n")
+        self._close()
+
+    def announce_abort(self) -> None:
+        """This rank is about to abort the job and has printed why: no second report."""
+        self._send("abort\n")
+        self._close()
+
+    def _send(self, line: str) -> None:
+        with self._lock:
+            if self._sock is None:
+                return
+            try:
+                self._sock.send(line.encode(), socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                pass  # a full buffer: this note is dropped, the next one goes
+            except OSError:
+                self._sock = None  # the watcher is gone: nothing more to tell it
+
+    def _close(self) -> None:
+        with self._lock:
+            if self._sock is not None:
+                self._sock.close()
+                self._sock = None
+
+
+def start_death_watch(comm, role=None):
+    """This process's :class:`DeathWatch` on ``comm``'s hosts; **collective** the first time.
+
+    The first call on a communicator of the whole job (``COMM_WORLD`` or a
+    duplicate) starts one watcher per host (the host's lowest rank spawns it) and connects every rank to it; later calls return
+    the same object. Nothing is started on a one-rank communicator or
+    where the watcher cannot start (then :attr:`DeathWatch.address` is None
+    and every method does nothing).
+
+    Args:
+        comm: an mpi4py communicator, the same on every rank of it (on any
+            other than the whole job's, nothing is started).
+        role: what the rank is ("worker", "server"), for the report.
+    """
+    if _ACTIVE:
+        return _ACTIVE[0]
+    from mpi4py import MPI
+
+    if comm.Get_size() == 1 or not sys.platform.startswith("linux"):
+        watch = DeathWatch(None, None)
+        _ACTIVE.append(watch)
+        return watch
+    if MPI.Comm.Compare(comm, MPI.COMM_WORLD) not in (MPI.IDENT, MPI.CONGRUENT):
+        # only a call every rank of the job makes at the same point can start it
+        # (a sub-communicator's ranks would wait in the split for the others)
+        return DeathWatch(None, None)
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    try:
+        address = None
+        if node.Get_rank() == 0:
+            address = _spawn_watcher(node.Get_size(), comm.Get_size())
+        address = node.bcast(address, root=0)
+    finally:
+        node.Free()
+    sock = None
+    if address is not None:
+        try:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.connect("\0" + address)
+            hello = {"rank": MPI.COMM_WORLD.Get_rank(), "host": MPI.Get_processor_name(),
+                     "pid": os.getpid(), "role": role}
+            import json
+
+            sock.sendall(("hello " + json.dumps(hello) + "\n").encode())
+        except OSError:
+            sock = None
+    watch = DeathWatch(sock, address if sock is not None else None)
+    _ACTIVE.append(watch)
+    atexit.register(watch.farewell)
+    return watch
+
+
+def announce_abort() -> None:
+    """Before an ``MPI_Abort`` that follows this rank's own report: keep the watcher silent."""
+    if _ACTIVE:
+        _ACTIVE[0].announce_abort()
+
+
+def _spawn_watcher(node_ranks: int, world: int):
+    """Start the host's watcher; its abstract socket name, or None if it did not start."""
+    address = f"hpcpax-deathwatch-{os.getpid()}-{uuid.uuid4().hex[:12]}"
+    # no launcher or MPI variables: the watcher is not a rank and must never look like one
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("PMI_", "PMIX_", "MPI", "HYDRA_", "HYDI_", "OMPI_"))}
+    try:
+        process = subprocess.Popen(
+            [sys.executable, "-I", "-S", _WATCHER, address, str(node_ranks), str(world)],
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, env=env,
+            start_new_session=True, close_fds=True)
+    except OSError:
+        return None
+    ready = _read_line(process.stdout, _START_TIMEOUT)
+    process.stdout.close()
+    return address if ready == "listening" else None
+
+
+def _read_line(stream, timeout: float) -> str:
+    import select
+
+    ready, _, _ = select.select([stream], [], [], timeout)
+    return stream.readline().decode().strip() if ready else ""
