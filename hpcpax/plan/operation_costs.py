@@ -100,14 +100,14 @@ def measure_software(counts=(1, 8), repeats: int = 30, dim: int = 16) -> dict:
     """
     from mpi4py import MPI
 
-    import hpcpax
     from ..comm.allreduce import DenseAllreduce
+    from ..comm.topology import init
     from ..ps.server import ParameterServer, SparseVariableSpec
     from ..ps.sparse_grad import SparseGrad
     from ..sync.replicated import ReplicatedTable, push_many
 
     saved = _thread_limits()
-    topo = hpcpax.init(None, 0, comm=MPI.COMM_SELF)  # (it sets this rank's thread limits)
+    topo = init(None, 0, comm=MPI.COMM_SELF)  # (it sets this rank's thread limits)
     try:
         ids = np.arange(4, dtype=np.int64)
         values = np.ones((4, dim), np.float32)
