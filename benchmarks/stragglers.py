@@ -45,7 +45,7 @@ is the cost of the lockstep collectives, not of the stragglers.
 
 Dense Adam runs at lr 0.001 (``--lr``): at the trainer's default 0.003 the
 3-step-stale dense updates of ``ssp:3`` made this model's loss climb after
-~150 steps (see the README's "Consistency" section).
+~150 steps (see docs/measurements.md, "Consistency: the relaxed models").
 
 Run: ``mpirun -n 4 python -m mpi4py benchmarks/stragglers.py`` (1 server + 3
 workers; ``--quick`` for a tiny check). One JSON line.
@@ -89,7 +89,7 @@ MODES = {"balanced": {"consistency": "bsp", "batch_shares": "speed", "rebalance_
 #: default size's is 20-30 %), so a worker with 2x slower compute is close to a
 #: 2x slower worker, the setting of the balanced-BSP goal (ideal 1.67 at 3
 #: workers). 6144 samples per step until 2026-12-04n (compute 60-61 %; the
-#: goal's figure 1.35-1.43 there, 1.46-1.50 at 12288: see the README).
+#: goal's figure 1.35-1.43 there, 1.46-1.50 at 12288: see docs/measurements.md).
 HEAVY = {"hidden": [512, 512], "global_batch": 12288}
 HEAVY_STEPS = 100
 

@@ -1,6 +1,6 @@
 """The architecture, checked: layers import downwards only (the top package included), no cycles.
 
-Layers (``ARCHITECTURE.md``), lowest first: ``ops`` < ``comm`` < ``ps`` <
+Layers (``docs/design/architecture.md``), lowest first: ``ops`` < ``comm`` < ``ps`` <
 ``sync`` < ``plan`` < ``app`` < ``torch`` (the PyTorch adapter). ``data``
 and ``models`` serve the application and import no layer above ``ops``;
 ``cluster`` (the emulated cluster, a tool) imports only the base. ``errors``,

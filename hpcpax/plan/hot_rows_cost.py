@@ -35,8 +35,8 @@ each group.
 
 Not priced: what a tree costs the hosts (the members' bookkeeping, a relay's
 turn on a busy core). Measured on an emulated 4-node cluster with 2 cores for
-8 ranks, the same decision paid at 0.1 Gbit/s and lost at 20 Gbit/s (README,
-"Hot rows"), so the trainer checks it on live steps
+8 ranks, the same decision paid at 0.1 Gbit/s and lost at 20 Gbit/s (docs/measurements.md,
+"Hot rows, latest run"), so the trainer checks it on live steps
 (:mod:`hpcpax.plan.hot_rows_trial`).
 """
 

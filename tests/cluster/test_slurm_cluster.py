@@ -239,7 +239,7 @@ def test_multi_node_job_completes_across_the_emulated_nodes(jobs, nodes):
     fields = jobs["states"][nodes]
     if fields["JobState"] != "COMPLETED" and fields["garbled"]:
         pytest.skip("MPI_Init failed in the PMI wire-up on 3 attempts (mpich wheel PMI-1 "
-                    "client under Slurm's pmi2 plugin; README: A multi-node cluster)")
+                    "client under Slurm's pmi2 plugin; docs/design/emulated-cluster.md)")
     assert "diagnosis" not in fields, \
         f"job {job_id} (-N {nodes}) did not finish in time:\n{fields['diagnosis']}\n" \
         f"output: {output[-3000:]}"

@@ -15,7 +15,7 @@ whose gradient sums to about zero flips with the summation order: the
 adapter then differs from the single process by up to ``2 lr`` there, as a
 float32 single process differs from its own float64 run), and 8 negatives
 per sample for the LM's SGD (frequent rows' gradients are sums of hundreds
-of terms; their rounding is the reference's own, measured in the README).
+of terms; their rounding is the reference's own, measured in docs/measurements.md).
 
 Serial only: it starts its own MPI jobs.
 """
