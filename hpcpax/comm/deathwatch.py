@@ -54,6 +54,7 @@ class DeathWatch:
 
     def __init__(self, sock, address):
         self._sock = sock
+        self._fd = sock.fileno() if sock is not None else -1
         self.address = address
         self._lock = threading.Lock()
         self._last = None
@@ -86,6 +87,18 @@ class DeathWatch:
                 pass  # a full buffer: this note is dropped, the next one goes
             except OSError:
                 self._sock = None  # the watcher is gone: nothing more to tell it
+
+    def _forget(self) -> None:
+        """In a forked child (a data loader's worker): drop this copy of the socket,
+        silently, so that the rank's socket closes when the rank itself ends."""
+        if self._sock is not None:
+            try:
+                self._sock.detach()
+                os.close(self._fd)
+            except OSError:
+                pass
+            self._sock = None
+        self._lock = threading.Lock()
 
     def _close(self) -> None:
         with self._lock:
@@ -143,6 +156,7 @@ def start_death_watch(comm, role=None):
     watch = DeathWatch(sock, address if sock is not None else None)
     _ACTIVE.append(watch)
     atexit.register(watch.farewell)
+    os.register_at_fork(after_in_child=watch._forget)
     return watch
 
 

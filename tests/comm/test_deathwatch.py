@@ -7,6 +7,7 @@ under ``mpirun`` (hydra kills the survivors within milliseconds) is tested in
 ``tests/reliability/test_relaxed_faults.py::test_killed_rank_is_named``.
 """
 
+import os
 import signal
 import socket
 import subprocess
@@ -164,4 +165,23 @@ def test_notes_are_short_single_lines():
     data = b.recv(4096).decode()
     assert data.count("\n") == 2 and data.startswith("op step 12 x") and data.endswith("bye\n")
     assert len(data.splitlines()[0]) == len("op ") + 200
+    b.close()
+
+
+def test_a_forked_child_does_not_hold_the_ranks_socket():
+    """A data loader's forked worker must not keep the rank's socket open after the
+    rank ends (the watcher would see the end late), nor say goodbye for it."""
+    a, b = socket.socketpair()
+    watch = deathwatch.DeathWatch(a, "x")
+    pid = os.fork()
+    if pid == 0:  # the child: what register_at_fork runs, then a normal exit
+        watch._forget()
+        watch.farewell()
+        os._exit(0)
+    os.waitpid(pid, 0)
+    b.settimeout(0.2)
+    with pytest.raises(socket.timeout):
+        b.recv(16)  # the child said nothing
+    a.close()  # the "rank" ends: the socket is closed, no copy left in the child
+    assert b.recv(16) == b""
     b.close()
