@@ -285,12 +285,12 @@ class AutoRun:
 
     def _segment_barrier(self, clock, began, metrics) -> None:
         """After an ssp phase (every rank): metrics, dense back, evaluation, checkpoint."""
-        from mpi4py import MPI
+        from ..comm.reductions import any_rank
 
         t = self.trainer
         topo, config = t.topology, t.config
         clocks = topo.workers.allgather(clock)
-        signalled = topo.workers.allreduce(bool(t.preemption.requested), op=MPI.LOR)
+        signalled = any_rank(topo.workers, t.preemption.requested)
         self.relaxed_run._flush(metrics, clocks, final=True)
         t.commands.run("relaxed_fetch_dense")
         last = min(clocks)  # ssp: every worker stops at the same clock

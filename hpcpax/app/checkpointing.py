@@ -168,7 +168,7 @@ class RunCheckpoints:
         needs. Raises :class:`~hpcpax.errors.CheckpointError` on every rank
         otherwise. Returns the lines to print.
         """
-        from mpi4py import MPI
+        from ..comm.reductions import total
 
         topo = self.topology
         mine = sum(table.nbytes + sum(np.asarray(v).nbytes for v in rows.values())
@@ -177,7 +177,7 @@ class RunCheckpoints:
             mine += sum(to_host(v).nbytes for v in dense.values())
             mine += sum(np.asarray(to_host(v)).nbytes for slots in dense_state.values()
                         for v in slots.values())
-        need = topo.comm.allreduce(int(mine), op=MPI.SUM)
+        need = total(topo.comm, int(mine))
         lines, error = [], None
         if topo.rank == 0:
             try:

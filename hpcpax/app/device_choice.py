@@ -129,8 +129,7 @@ def worker_device(trainer, *, measure=None, gpu_seen=None) -> Device:
     the GPU probe (tests inject their own). The choice goes to
     ``trainer.summary_extra["device_choice"]`` and the first worker's log.
     """
-    from mpi4py import MPI
-
+    from ..comm.reductions import any_rank, every_rank, sum_in_place
     from ..options import options
     from .datasets import build_model
 
@@ -143,8 +142,8 @@ def worker_device(trainer, *, measure=None, gpu_seen=None) -> Device:
     if choice != "auto":
         return select_device(topo.node_workers.Get_rank(), choice)
     gpu = bool(gpu_seen())
-    every_gpu = topo.workers.allreduce(gpu, op=MPI.LAND)
-    if not every_gpu and not topo.workers.allreduce(gpu, op=MPI.LOR):
+    every_gpu = every_rank(topo.workers, gpu)
+    if not every_gpu and not any_rank(topo.workers, gpu):
         return Device("cpu")  # no GPU anywhere: nothing to measure, as before
     model = build_model(config)
     batch_size = config["global_batch"] // topo.num_workers
@@ -153,8 +152,7 @@ def worker_device(trainer, *, measure=None, gpu_seen=None) -> Device:
     if every_gpu:
         device = select_device(topo.node_workers.Get_rank(), "gpu")
         gpu_s = measure(model, config, device.xp, batch_size)
-    total = np.array([cpu_s, gpu_s], np.float64)
-    topo.workers.Allreduce(MPI.IN_PLACE, total, op=MPI.SUM)
+    total = sum_in_place(topo.workers, np.array([cpu_s, gpu_s], np.float64))
     decision = decide(total[0] / topo.num_workers, total[1] / topo.num_workers, every_gpu)
     trainer.summary_extra["device_choice"] = decision.to_dict()
     trainer.log(decision.reason, important=True)

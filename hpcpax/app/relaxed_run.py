@@ -154,9 +154,9 @@ class RelaxedRun:
         finally:
             metrics.close()
         clocks = topo.workers.allgather(clock)
-        from mpi4py import MPI
+        from ..comm.reductions import total
 
-        samples = topo.workers.allreduce(self.samples, op=MPI.SUM)
+        samples = total(topo.workers, self.samples)
         changes = topo.workers.allgather(self.period.history)
         if self.local:
             t.planning.runtime["dense_period"] = self._period_record(changes)
@@ -266,12 +266,12 @@ class RelaxedRun:
 
         Returns ``(every worker's step, whether a preemption stops the run)``.
         """
-        from mpi4py import MPI
+        from ..comm.reductions import any_rank
 
         t = self.trainer
         topo, config = t.topology, t.config
         clocks = topo.workers.allgather(clock)
-        signalled = topo.workers.allreduce(bool(preemption.requested), op=MPI.LOR)
+        signalled = any_rank(topo.workers, preemption.requested)
         finished = self._finished(clocks)
         self._flush(metrics, clocks, final=finished or signalled)
         common = clocks[0] if len(set(clocks)) == 1 else None
@@ -348,9 +348,9 @@ class RelaxedRun:
         """
         divergence = self.rsync.divergence if measured else None
         if self.node is not None and self.period.adaptive:
-            from mpi4py import MPI
+            from ..comm.reductions import largest
 
-            got = self.node.allreduce(-1.0 if divergence is None else divergence, op=MPI.MAX)
+            got = largest(self.node, -1.0 if divergence is None else divergence)
             divergence = None if got < 0 else got
             p = self.period
             p.pull_refresh, p.pull_plain, p.step_seconds = self.node.bcast(

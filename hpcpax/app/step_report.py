@@ -97,7 +97,7 @@ def reduce_step(topology, loss, local_batch, times, flag, cpu_seconds=0.0) -> tu
     reads it. ``cpu_seconds``: this worker's CPU time in the step (all its
     threads), returned for every worker in worker order.
     """
-    from mpi4py import MPI
+    from ..comm.reductions import start_sum_in_place
 
     acct = topology.accounting
     n = topology.num_workers
@@ -110,7 +110,7 @@ def reduce_step(topology, loss, local_batch, times, flag, cpu_seconds=0.0) -> tu
         vector += [float(entry[f]) for f in _BYTE_FIELDS]
     vector += [float(acct.owner[f]) for f in OWNER_FIELDS]
     vector = np.array(vector, np.float64)
-    wait([topology.workers.Iallreduce(MPI.IN_PLACE, vector, op=MPI.SUM)])
+    wait([start_sum_in_place(topology.workers, vector)])
     k, head = len(TIME_PHASES), 3 + n
     mean_times = {p: vector[head + i] / n for i, p in enumerate(TIME_PHASES)}
     return (vector[0] / vector[1], vector[2] > 0, mean_times, vector[head + k:],

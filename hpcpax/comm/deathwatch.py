@@ -37,7 +37,7 @@ import sys
 import threading
 import uuid
 
-__all__ = ["DeathWatch", "start_death_watch", "announce_abort"]
+__all__ = ["DeathWatch", "start_death_watch", "announce_abort", "abort_job"]
 
 _WATCHER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_deathwatch_watcher.py")
 #: Seconds the node leader waits for its watcher to listen before going on without one.
@@ -164,6 +164,18 @@ def announce_abort() -> None:
     """Before an ``MPI_Abort`` that follows this rank's own report: keep the watcher silent."""
     if _ACTIVE:
         _ACTIVE[0].announce_abort()
+
+
+def abort_job(status: int = 1, comm=None) -> None:
+    """End the whole job now (``MPI_Abort``), after this rank printed why; never returns.
+
+    The host's watcher is told first, so that it adds no second report.
+    ``comm`` defaults to ``MPI.COMM_WORLD``.
+    """
+    from mpi4py import MPI
+
+    announce_abort()
+    (comm if comm is not None else MPI.COMM_WORLD).Abort(int(status))
 
 
 def _spawn_watcher(node_ranks: int, world: int):

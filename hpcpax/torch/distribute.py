@@ -99,10 +99,10 @@ def _check_arguments(model, optimizer, loss_reduction, stdout, on_server):
 
 def _agree_model(comm, layout) -> None:
     """Every rank built the same model: the first differing parameter is named."""
-    from mpi4py import MPI
+    from ..comm.reductions import largest
 
     signature = layout.signature()
-    count = comm.allreduce(len(signature), op=MPI.MAX)
+    count = largest(comm, len(signature))
     check_same(comm, "the model (every rank must build the same model)",
                {f"parameter {i}": signature[i] if i < len(signature) else None
                 for i in range(count)})
@@ -343,12 +343,9 @@ def _watch_exit() -> None:
             return
         if crashed:
             # the other ranks may sit in a collective: stop the job, don't hang it
-            from mpi4py import MPI
+            from ..comm.deathwatch import abort_job
 
-            from ..comm.deathwatch import announce_abort
-
-            announce_abort()
-            MPI.COMM_WORLD.Abort(1)
+            abort_job(1)
         _ACTIVE.finish()
 
     atexit.register(at_exit)

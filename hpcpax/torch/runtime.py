@@ -308,9 +308,9 @@ class Runtime:
             used = list(self.tables)  # an empty push changes nothing: no need to agree
         elif self.num_workers > 1:
             mask = np.array([name in grads for name in self.tables], np.uint8)
-            from mpi4py import MPI
+            from ..comm.reductions import max_in_place
 
-            self.topology.workers.Allreduce(MPI.IN_PLACE, mask, op=MPI.MAX)
+            max_in_place(self.topology.workers, mask)
             used = [name for name, flag in zip(self.tables, mask) if flag]
         for name in used:
             if name not in grads:  # another worker's batch used the table, not mine
