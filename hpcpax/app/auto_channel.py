@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import time
 
+from ..comm.messages import Mailbox
 from ..comm.polling import Backoff
 
 __all__ = ["DecisionChannel", "LEAD"]
@@ -43,11 +44,8 @@ class DecisionChannel:
     def __init__(self, workers):
         self.comm = workers.Dup()
         self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
-        self._sends = []
+        self._mail = Mailbox(self.comm)
         self._figures = {}  # first worker: worker -> (boundary, figures)
-        from mpi4py import MPI
-
-        self._status = MPI.Status()
         #: Seconds this worker waited for a decision (or, first worker, for figures).
         self.wait_seconds = 0.0
 
@@ -57,8 +55,8 @@ class DecisionChannel:
         return self.rank == 0
 
     def _isend(self, payload, dest, tag) -> None:
-        self._sends = [r for r in self._sends if not r.Test()]
-        self._sends.append(self.comm.isend(payload, dest=dest, tag=tag))
+        self._mail.reap()
+        self._mail.send_object(payload, dest, tag)
 
     def send_figures(self, boundary, figures) -> None:
         """Every worker: this worker's figures of the segment ending at step ``boundary``."""
@@ -73,11 +71,10 @@ class DecisionChannel:
         wait = _Wait(block, while_waiting)
         while True:
             while True:
-                message = self.comm.improbe(source=_any_source(), tag=_FIGURES,
-                                            status=self._status)
-                if message is None:
+                arrived, figures = self._mail.take_object(_FIGURES)
+                if not arrived:
                     break
-                self._figures[self._status.Get_source()] = message.recv()
+                self._figures[self._mail.last_source] = figures
             mine = {w: f for w, (b, f) in self._figures.items() if b == int(boundary)}
             if len(mine) == self.size:
                 for w in mine:
@@ -96,10 +93,13 @@ class DecisionChannel:
         """Other workers: the decision on ``boundary``, or None while it has not come
         and ``block`` is false."""
         wait = _Wait(block, while_waiting)
-        while not self.comm.iprobe(source=0, tag=_DECISION):
+        while True:
+            arrived, message = self._mail.take_object(_DECISION, source=0)
+            if arrived:
+                break
             if not wait.pause():
                 return None
-        got, payload = self.comm.recv(source=0, tag=_DECISION)
+        got, payload = message
         self.wait_seconds += wait.seconds
         if got != int(boundary):
             raise RuntimeError(f"consistency auto: worker {self.rank} expected the decision "
@@ -108,17 +108,8 @@ class DecisionChannel:
 
     def close(self) -> None:
         """Complete the sends and free the communicator; **collective** over the workers."""
-        from mpi4py import MPI
-
-        MPI.Request.waitall(self._sends)
-        self._sends = []
+        self._mail.flush()
         self.comm.Free()
-
-
-def _any_source():
-    from mpi4py import MPI
-
-    return MPI.ANY_SOURCE
 
 
 class _Wait:
