@@ -18,7 +18,8 @@ from __future__ import annotations
 import numpy as np
 
 __all__ = ["total", "largest", "smallest", "any_rank", "every_rank",
-           "sum_in_place", "max_in_place", "start_sum_in_place", "on_one_host"]
+           "sum_in_place", "max_in_place", "start_sum_in_place", "start_max",
+           "start_max_in_place", "start_allgather", "on_one_host"]
 
 
 def _mpi():
@@ -67,6 +68,22 @@ def max_in_place(comm, array: np.ndarray) -> np.ndarray:
 def start_sum_in_place(comm, array: np.ndarray):
     """Start :func:`sum_in_place` without waiting: a request for :func:`hpcpax.comm.polling.wait`."""
     return comm.Iallreduce(_mpi().IN_PLACE, array, op=_mpi().SUM)
+
+
+def start_max_in_place(comm, array: np.ndarray):
+    """Start :func:`max_in_place` without waiting: a request."""
+    return comm.Iallreduce(_mpi().IN_PLACE, array, op=_mpi().MAX)
+
+
+def start_max(comm, mine: np.ndarray, out: np.ndarray):
+    """Start ``out`` = the elementwise maximum of every rank's ``mine``: a request."""
+    return comm.Iallreduce(mine, out, op=_mpi().MAX)
+
+
+def start_allgather(comm, mine: np.ndarray, everyone: np.ndarray):
+    """Start gathering every rank's ``mine`` (same size everywhere) into ``everyone``,
+    in rank order: a request."""
+    return comm.Iallgather(mine, everyone)
 
 
 def on_one_host(comm) -> bool:

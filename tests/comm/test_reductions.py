@@ -35,3 +35,18 @@ def test_array_reductions_in_place_equal_numpy(comm, all_ok):
 @pytest.mark.mpi
 def test_a_job_on_this_machine_is_on_one_host(comm, all_ok):
     assert all_ok(reductions.on_one_host(comm))
+
+
+@pytest.mark.mpi
+def test_started_max_and_allgather_equal_numpy(comm, all_ok):
+    rank, size = comm.Get_rank(), comm.Get_size()
+    every = [np.random.default_rng([9, r]).integers(0, 1000, 6).astype(np.int64)
+             for r in range(size)]
+    out, gathered = np.zeros(6, np.int64), np.zeros((size, 6), np.int64)
+    in_place = every[rank].copy()
+    polling.wait([reductions.start_max(comm, every[rank], out),
+                  reductions.start_allgather(comm, every[rank], gathered),
+                  reductions.start_max_in_place(comm, in_place)])
+    assert all_ok(np.array_equal(out, np.max(every, axis=0))
+                  and np.array_equal(gathered, np.array(every))
+                  and np.array_equal(in_place, out))
