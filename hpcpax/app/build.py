@@ -15,6 +15,7 @@ import time
 import numpy as np
 
 from ..errors import CheckpointError, ConfigError
+from ..sync.methods import method_of, names as method_names
 from .config import PLAN_MODES, load_plan_file, normalize_plan
 
 __all__ = ["prepare_run_dir", "run_in", "plan_requests", "sparse_specs", "dense_variables",
@@ -112,7 +113,7 @@ def plan_requests(spec, names) -> tuple:
     """
     if isinstance(spec, str) and spec in PLAN_MODES:
         return spec, {name: {"method": "ps"} for name in names}
-    if isinstance(spec, str) and spec in ("ps", "allgather", "allreduce"):
+    if isinstance(spec, str) and spec in method_names():
         return None, {name: {"method": spec} for name in names}
     plan = load_plan_file(spec) if isinstance(spec, str) else normalize_plan(dict(spec))
     unknown = sorted(set(plan) - set(names))
@@ -133,7 +134,7 @@ def hot_rows_requests(requests, setting) -> dict:
     return {name: off if setting == "off" else check_hot_rows(r["hot_rows"],
                                                               f"plan[{name!r}].hot_rows")
             for name, r in requests.items()
-            if (r.get("method") or "ps") == "ps"
+            if method_of(r.get("method") or "ps").on_servers
             and (setting == "off" or r.get("hot_rows") is not None)}
 
 
@@ -204,6 +205,7 @@ def config_lines(topology, run_dir, model, config, plan) -> str:
              f"  model: {model!r}"]
     lines += [f"  {k} = {json.dumps(v)}" for k, v in config.items() if v is not None]
     lines.append("  plan: " + ", ".join(
-        f"{n}={e['method']}" + (f"/{e['partitions']}" if e["method"] == "ps" else "")
+        f"{n}={e['method']}" + (f"/{e['partitions']}" if method_of(e["method"]).on_servers
+                                else "")
         for n, e in plan.items()))
     return "\n".join(lines)

@@ -68,10 +68,7 @@ def set_table(sync, name, values) -> None:
     chunk = max(1, BCAST_CHUNK // flat.itemsize)
     for start in range(0, flat.size, chunk):
         topo.comm.Bcast(flat[start:start + chunk], root=first)
-    if var.method == "ps":
-        sync.ps.load_table(name, table, {}, {})
-    elif var.replica is not None:
-        var.replica.shard.load_whole(table, {}, {})
+    var.load_whole(table)  # the owners' rows, or the replica
 
 
 def write_checkpoint(sync, run_dir, step, meta, keep, dense) -> str:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 
 from ..errors import ConfigError
-from ..sync import METHODS
+from ..sync.methods import method_of
 
 __all__ = ["normalize_plan", "load_plan_file"]
 
@@ -35,10 +35,7 @@ def normalize_plan(plan: dict, where: str = "plan") -> dict:
         if unknown:
             raise ConfigError(f"{where}[{name!r}]: unknown key {sorted(unknown)[0]!r}")
         method = entry.get("method", "ps")
-        if method not in METHODS:
-            hint = " (a densified sparse table is 'allreduce')" if method == "dense" else ""
-            raise ConfigError(f"{where}[{name!r}].method must be one of {list(METHODS)}, "
-                              f"not {method!r}{hint}")
+        on_servers = method_of(method, f"{where}[{name!r}].method").on_servers
         partitions = entry.get("partitions")
         if partitions is not None and (isinstance(partitions, bool)
                                        or not isinstance(partitions, int) or partitions < 1):
@@ -46,7 +43,7 @@ def normalize_plan(plan: dict, where: str = "plan") -> dict:
                               f"not {partitions!r}")
         owners = entry.get("owners") or None
         if owners is not None:
-            if method != "ps":
+            if not on_servers:
                 owners = None  # a replicated variable has no owners
             elif not isinstance(owners, list) or not all(
                     isinstance(o, int) and not isinstance(o, bool) and o >= 0 for o in owners):
@@ -56,9 +53,9 @@ def normalize_plan(plan: dict, where: str = "plan") -> dict:
         if local is not None and not isinstance(local, bool):
             raise ConfigError(f"{where}[{name!r}].local_aggregation must be true or false, "
                               f"not {local!r}")
-        out[str(name)] = {"method": method, "partitions": partitions if method == "ps" else None,
-                          "owners": owners, "local_aggregation": local if method == "ps" else None}
-        if entry.get("hot_rows") is not None and method == "ps":  # see build.hot_rows_requests
+        out[str(name)] = {"method": method, "partitions": partitions if on_servers else None,
+                          "owners": owners, "local_aggregation": local if on_servers else None}
+        if entry.get("hot_rows") is not None and on_servers:  # see build.hot_rows_requests
             out[str(name)]["hot_rows"] = entry["hot_rows"]
     return out
 

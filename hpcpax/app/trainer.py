@@ -349,11 +349,9 @@ class Trainer:
         every worker); training continues as if ``method`` had been used all
         along.
         """
-        from ..sync import METHODS
-        from ..errors import ConfigError
+        from ..sync.methods import method_of
 
-        if method not in METHODS:
-            raise ConfigError(f"method must be one of {METHODS}, not {method!r}")
+        method_of(method)  # refuses an unknown name here, before any rank moves
         self.commands.run("switch", name=name, method=method)
         self.write_plan()
 

@@ -27,7 +27,8 @@ from collections.abc import Mapping
 
 from ..errors import ConfigError
 from ..ps.memory import replicable
-from .cost_model import ClusterShape, CostParams, VarSpec, choose, predict
+from ..sync.methods import method_of
+from .cost_model import ClusterShape, CostParams, VarSpec, choose, predict, predict_key
 from .hot_rows_cost import plan_entry
 from .plan import Plan, VariablePlan, assign_owners
 
@@ -114,10 +115,10 @@ def make_plan(variables, mode: str, topology, fabric, partitions=None,
             method, times, reason = choose(spec, shape, fabric, partitions=parts, params=params,
                                            correction=correction)
             alone[spec.name] = times
-            if method != "ps" and spec.kind == "sparse" and not replicable(
+            if method_of(method).replicated and spec.kind == "sparse" and not replicable(
                     spec.rows, spec.dim * spec.itemsize, slots.get(spec.name, 0)):
                 method, reason = "ps", "whole table above HPCPAX_REPLICA_MEMORY: ps only"
-            local = method == "ps" and several_per_node
+            local = method_of(method).on_servers and several_per_node
             predicted = times[method]
         else:
             if spec.kind == "dense" or mode == "allreduce":
@@ -128,9 +129,10 @@ def make_plan(variables, mode: str, topology, fabric, partitions=None,
                 reason = "sparse: ps" + (" + local aggregation" if local else "") + " (Parallax rule)"
             else:
                 method, local, reason = "ps", False, "mode ps: sparse on servers"
-            key = "ps_no_local_aggregation" if method == "ps" and not local else method
-            predicted = predict(spec, key, shape, fabric, partitions=parts, params=params)
-        decisions.append((spec, method, local, parts if method == "ps" else 1, predicted, reason))
+            predicted = predict(spec, predict_key(method, local), shape, fabric, partitions=parts,
+                                params=params)
+        decisions.append((spec, method, local, parts if method_of(method).on_servers else 1,
+                          predicted, reason))
     joint = None
     if mode == "auto" and params.software and any(s.kind == "sparse" for s in specs):
         decisions, joint = _whole_step(decisions, alone, specs, shape, fabric, params,
@@ -139,7 +141,7 @@ def make_plan(variables, mode: str, topology, fabric, partitions=None,
     sizes, slices = [], []
     for spec, method, _, parts, _, _ in decisions:
         start = len(sizes)
-        if method == "ps":
+        if method_of(method).on_servers:
             sizes += partition_bytes(spec, parts)
         slices.append((start, len(sizes)))
     owners = assign_owners(sizes, max(1, shape.servers))
@@ -178,8 +180,9 @@ def _whole_step(decisions, alone, specs, shape, fabric, params, partitions, defa
 
     several_per_node = shape.workers_per_node > 1
     parts = {s.name: _partitions_for(s.name, partitions, default_partitions) for s in specs}
+    servers_only = tuple(m for m in METHODS if method_of(m).on_servers)
     allowed = {s.name: METHODS if replicable(s.rows, s.dim * s.itemsize, slots.get(s.name, 0))
-               else ("ps",) for s in specs if s.kind == "sparse"}
+               else servers_only for s in specs if s.kind == "sparse"}
     start = {d[0].name: d[1] for d in decisions if d[0].kind == "sparse"}
     joint = choose_jointly(specs, start, shape, fabric, params, partitions=parts,
                            correction=correction, allowed=allowed)
@@ -187,16 +190,17 @@ def _whole_step(decisions, alone, specs, shape, fabric, params, partitions, defa
     for spec, method, local, part, predicted, reason in decisions:
         if spec.kind == "sparse":
             method = joint["methods"][spec.name]
-            local = method == "ps" and several_per_node
-            part = parts[spec.name] if method == "ps" else 1
-            key = "ps_no_local_aggregation" if method == "ps" and not local else method
+            on_servers = method_of(method).on_servers
+            local = on_servers and several_per_node
+            part = parts[spec.name] if on_servers else 1
+            key = predict_key(method, local)
             predicted = alone[spec.name].get(key, alone[spec.name][method])
             times = joint["alternatives"].get(spec.name, {})
             others = {m: t - joint["step_s"] for m, t in times.items() if m != method}
             reason = (f"whole step {1e3 * joint['step_s']:.3f} ms predicted"
                       + "".join(f"; {m} +{1e3 * d:.3f} ms" for m, d in sorted(
                           others.items(), key=lambda item: item[1]))
-                      + (" (replicas would not fit: ps only)" if allowed[spec.name] == ("ps",)
+                      + (" (replicas would not fit: ps only)" if allowed[spec.name] == servers_only
                          else ""))
         out.append((spec, method, local, part, predicted, reason))
     return out, joint

@@ -276,9 +276,9 @@ class PlanController:
             if entry.kind != "sparse" or name not in trainer.sync.variables:
                 continue
             var = trainer.sync[name]
-            if entry.method != var.method:
+            if entry.sync_method is not var.sync_method:
                 trainer.switch_method(name, entry.method)
-            if entry.method != "ps":
+            if not entry.sync_method.on_servers:
                 continue
             owners = list(entry.owners)
             if len(owners) != entry.partitions or (owners and max(owners) >= owners_count):
@@ -287,7 +287,7 @@ class PlanController:
                 trainer.repartition(name, entry.partitions, owners)
             var.set_local_aggregation(entry.local_aggregation)
         hot = {name: entry.hot_rows for name, entry in plan.variables.items()
-               if entry.method == "ps" and entry.hot_rows is not None
+               if entry.sync_method.on_servers and entry.hot_rows is not None
                and name in trainer.sync.variables
                and trainer.ps.hot_rows_of(name) != entry.hot_rows}
         if hot:  # the servers classify too: every rank takes the decision
@@ -316,14 +316,14 @@ class PlanController:
         for name, var in trainer.sync.variables.items():
             now = var.describe()
             prior = made.get(name)
-            same = prior is not None and prior.method == now["method"]
+            same = prior is not None and prior.sync_method is var.sync_method
             variables[name] = VariablePlan(
                 name=name, kind="sparse", shape=(var.spec.rows, var.spec.dim),
                 dtype=str(var.spec.dtype), method=now["method"], partitions=now["partitions"],
                 owners=now["owners"], local_aggregation=now["local_aggregation"],
                 predicted_s=prior.predicted_s if same else None,
                 reason=prior.reason if same else f"plan {self.label}",
-                hot_rows=trainer.ps.hot_rows_of(name) if now["method"] == "ps" else None)
+                hot_rows=trainer.ps.hot_rows_of(name) if var.sync_method.on_servers else None)
         for name, param in trainer.dense.items():
             prior = made.get(name)
             variables[name] = VariablePlan(
@@ -345,7 +345,8 @@ class PlanController:
 
         trainer, rounds = self.trainer, int(self.trainer.config["hot_rows_trial"])
         chosen = {name: entry.hot_rows for name, entry in self.plan.variables.items()
-                  if entry.method == "ps" and entry.hot_rows and entry.hot_rows["min_nodes"]}
+                  if entry.sync_method.on_servers and entry.hot_rows
+                  and entry.hot_rows["min_nodes"]}
         if not chosen:
             return step
         if trainer.config["steps"] - step < 4 * rounds:
@@ -366,7 +367,7 @@ class PlanController:
 
         trainer, config = self.trainer, self.trainer.config
         per_trial = 2  # warm-up + timed steps of each candidate
-        for name in [n for n, v in trainer.sync.variables.items() if v.method == "ps"]:
+        for name in [n for n, v in trainer.sync.variables.items() if v.sync_method.on_servers]:
             budget = config["steps"] - step
             if budget < 3 * per_trial:
                 trainer.log(f"partition search of {name} skipped: {budget} steps left")

@@ -35,6 +35,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..sync.methods import method_of, methods
+
 __all__ = [
     "VarSpec",
     "predict_detail",
@@ -45,9 +47,15 @@ __all__ = [
     "predict_all",
     "choose",
     "default_alpha_node",
+    "predict_key",
 ]
 
-PREDICT_METHODS = ("allreduce", "allgather", "ps", "ps_no_local_aggregation")
+#: What :func:`predict` prices: every method (the registry's
+#: :class:`~hpcpax.sync.methods.SyncMethod`), and each method on the servers
+#: with its local aggregation off (``ps_no_local_aggregation``).
+_PREDICTED = {**{m.name: (m, True) for m in methods()},
+              **{f"{m.name}_no_local_aggregation": (m, False) for m in methods() if m.on_servers}}
+PREDICT_METHODS = tuple(_PREDICTED)
 INDEX_BYTES = 8
 
 
@@ -330,7 +338,7 @@ def _routing(var: VarSpec, method: str, layout, partitions: int, local_aggregati
     from .traffic import expected_routing
 
     row_bytes = var.dim * var.itemsize
-    kind = method if method in ("allgather", "allreduce") else "ps"
+    kind = _predicted(method)[0].name
     g = layout.workers_per_node()
     return expected_routing(layout, kind, var.rows, row_bytes, var.worker_alpha(),
                             alpha_node=var.node_alpha(g) if var.kind == "sparse" else 1.0,
@@ -350,22 +358,37 @@ def predict_detail(var_spec, method: str, topology, fabric, partitions: int | No
     links = Links.from_fabric(fabric)
     params = params or CostParams.measured()
     layout = Layout.from_shape(shape.num_nodes, shape.workers_per_node, shape.servers_per_node)
-    if method == "allreduce" and var.kind == "dense":
+    sync, local_allowed = _predicted(method)
+    if sync.densified and var.kind == "dense":  # a dense tensor's plain allreduce
         return predict_step(layout, links, params, {}, dense_bytes=[var.nbytes],
                             include_control=False)
-    if method == "allgather" and var.kind == "dense":
-        raise ValueError(f"method 'allgather' needs a sparse variable, not dense {var.name!r}")
-    if method in ("ps", "ps_no_local_aggregation"):
+    if not sync.dense_ok and var.kind == "dense":
+        raise ValueError(f"method {sync.name!r} needs a sparse variable, not dense {var.name!r}")
+    if sync.on_servers:
         if partitions is None:
             partitions = shape.servers
         if int(partitions) < 1:
             raise ValueError(f"partitions must be >= 1, not {partitions}")
-        local_aggregation = local_aggregation and method == "ps"
-    elif method not in ("allreduce", "allgather"):
-        raise ValueError(f"method must be one of {PREDICT_METHODS}, not {method!r}")
+        local_aggregation = local_aggregation and local_allowed
     routing = _routing(var, method, layout, int(partitions or 1), local_aggregation)
     return predict_step(layout, links, params, {var.name: routing}, include_control=False,
                         ps_batch=params.ps_batch or 1)
+
+
+def _predicted(method):
+    """``(SyncMethod, local aggregation allowed)`` of a :data:`PREDICT_METHODS` name."""
+    try:
+        return _PREDICTED[method]
+    except (KeyError, TypeError):
+        raise ValueError(f"method must be one of {PREDICT_METHODS}, not {method!r}") from None
+
+
+def predict_key(method, local_aggregation: bool) -> str:
+    """The :data:`PREDICT_METHODS` name of ``method`` run with or without local aggregation."""
+    sync = method_of(method)
+    if sync.on_servers and not local_aggregation:
+        return f"{sync.name}_no_local_aggregation"
+    return sync.name
 
 
 def predict(var_spec, method: str, topology, fabric, partitions: int | None = None,
@@ -400,13 +423,15 @@ def predict_all(var_spec, topology, fabric, partitions: int | None = None,
     """
     var = VarSpec.from_any(var_spec)
     shape = ClusterShape.from_any(topology)
-    times = {"allreduce": predict(var, "allreduce", shape, fabric, params=params)}
-    if var.kind == "sparse":
-        times["allgather"] = predict(var, "allgather", shape, fabric, params=params)
-    times["ps"] = predict(var, "ps", shape, fabric, partitions=partitions, params=params)
+    times = {m.name: predict(var, m.name, shape, fabric,
+                             partitions=partitions if m.on_servers else None, params=params)
+             for m in methods() if m.dense_ok or var.kind == "sparse"}
     if shape.workers_per_node > 1:
-        times["ps_no_local_aggregation"] = predict(var, "ps_no_local_aggregation", shape, fabric,
-                                                   partitions=partitions, params=params)
+        for m in methods():
+            if m.on_servers:
+                key = predict_key(m, False)
+                times[key] = predict(var, key, shape, fabric, partitions=partitions,
+                                     params=params)
     return times
 
 
@@ -430,12 +455,12 @@ def choose(var_spec, topology, fabric, partitions: int | None = None,
     if correction is None:
         times = predict_all(var, shape, fabric, partitions=partitions, params=params)
     else:
-        methods = ["allreduce"] + (["allgather", "ps"] if var.kind == "sparse" else [])
-        times = {m: correction.apply(predict_detail(var, m, shape, fabric, partitions,
-                                                    params=params)) for m in methods}
+        times = {m.name: correction.apply(predict_detail(var, m.name, shape, fabric, partitions,
+                                                         params=params))
+                 for m in methods() if var.kind == "sparse" or m.densified}
     # hpcpax keeps dense variables replicated (its servers hold sparse tables)
-    candidates = [m for m in ("allreduce", "allgather", "ps") if m in times
-                  and (var.kind == "sparse" or m == "allreduce")]
+    candidates = [m.name for m in methods() if m.name in times
+                  and (var.kind == "sparse" or m.densified)]
     method = min(candidates, key=lambda m: (times[m], candidates.index(m)))
     others = [m for m in candidates if m != method]
     if not others:

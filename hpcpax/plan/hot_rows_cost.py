@@ -46,6 +46,7 @@ import math
 
 from ..options import options
 from ..ps.hot_groups import MAX_PIECES, pieces_of
+from ..sync.methods import method_of
 
 __all__ = ["tree_gain", "min_saved_bytes", "decide", "plan_entry"]
 
@@ -195,7 +196,7 @@ def plan_entry(spec, method: str, shape, fabric, setting="auto"):
     ``shape`` a :class:`~hpcpax.plan.cost_model.ClusterShape`; ``setting``
     one value (see :func:`decide`) or ``{name: value}`` (others ``"auto"``).
     """
-    if method != "ps" or spec.kind != "sparse":
+    if not method_of(method).on_servers or spec.kind != "sparse":
         return None
     if isinstance(setting, dict):
         setting = setting.get(spec.name, "auto")

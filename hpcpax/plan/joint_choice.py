@@ -24,6 +24,7 @@ not fit is offered ``ps`` only.
 
 from __future__ import annotations
 
+from ..sync.methods import method_of, names
 from .cost_model import ClusterShape, CostParams, VarSpec, _routing
 
 __all__ = ["choose_jointly", "step_seconds", "worth_switching", "SWEEPS"]
@@ -31,7 +32,7 @@ __all__ = ["choose_jointly", "step_seconds", "worth_switching", "SWEEPS"]
 #: Most passes over the tables (each pass moves every table to its best method).
 SWEEPS = 4
 #: Candidate methods of a sparse table, in tie-breaking order.
-METHODS = ("allreduce", "allgather", "ps")
+METHODS = names()
 
 
 def step_seconds(specs, methods, shape, fabric, params: CostParams, partitions=None,
@@ -54,7 +55,8 @@ def step_seconds(specs, methods, shape, fabric, params: CostParams, partitions=N
             continue
         method = methods[spec.name]
         parts = (partitions or {}).get(spec.name) or max(1, shape.servers)
-        routings[spec.name] = _routing(spec, method, layout, parts if method == "ps" else 1,
+        routings[spec.name] = _routing(spec, method, layout,
+                                       parts if method_of(method).on_servers else 1,
                                        local_aggregation=shape.workers_per_node > 1)
     prediction = predict_step(layout, Links.from_fabric(fabric), params, routings,
                               dense_bytes=dense, include_control=False)

@@ -25,6 +25,7 @@ import numpy as np
 from ..errors import ConfigError
 from ..ps.placement import assign_owners
 from ..sync import METHODS
+from ..sync.methods import method_of
 
 __all__ = ["METHODS", "KINDS", "VariablePlan", "Plan", "assign_owners", "PLAN_FORMAT",
            "check_hot_rows"]
@@ -157,8 +158,7 @@ class VariablePlan:
             raise ConfigError(f"plan variable name must be a non-empty str, not {self.name!r}")
         if self.kind not in KINDS:
             raise bad("kind", f"must be one of {KINDS}, not {self.kind!r}")
-        if self.method not in METHODS:
-            raise bad("method", f"must be one of {METHODS}, not {self.method!r}")
+        self.method = method_of(self.method, f"plan variable {self.name!r}: method").name
         try:
             self.shape = tuple(int(d) for d in self.shape)
         except (TypeError, ValueError):
@@ -177,7 +177,7 @@ class VariablePlan:
         self.owners = [int(o) for o in self.owners]
         if any(o < 0 for o in self.owners):
             raise bad("owners", f"must hold server indices >= 0, not {self.owners}")
-        if self.method == "ps":
+        if self.sync_method.on_servers:
             if len(self.owners) != self.partitions:
                 raise bad("owners", f"must hold one server per partition ({self.partitions}), not {len(self.owners)}")
         else:
@@ -197,6 +197,11 @@ class VariablePlan:
         if self.hot_rows is not None:
             self.hot_rows = check_hot_rows(self.hot_rows,
                                            f"plan variable {self.name!r}: hot_rows")
+
+    @property
+    def sync_method(self):
+        """The method, as its :class:`~hpcpax.sync.methods.SyncMethod`."""
+        return method_of(self.method)
 
     def to_dict(self) -> dict:
         """JSON-native dict of this variable's plan."""

@@ -65,7 +65,7 @@ def _strategy(trainer):
     for name, var in trainer.sync.variables.items():
         now = var.describe()
         out[name] = {"method": now["method"], "partitions": now["partitions"],
-                     "local_aggregation": now["local_aggregation"] if now["method"] == "ps"
+                     "local_aggregation": now["local_aggregation"] if var.sync_method.on_servers
                      else None}
     return out
 

@@ -47,6 +47,7 @@ import numpy as np
 from ..errors import ConfigError, HpcpaxError
 from ..options import counted
 from ..comm.fabric import Fabric, LinkModel
+from ..sync.methods import method_of
 from .auto import make_plan
 from .cost_model import ClusterShape, CostParams, VarSpec
 from .step_model import predict_step
@@ -177,7 +178,7 @@ def strategy_step(specs, methods, shape, fabric, params, partitions=None, comput
     routings, dense = {}, []
     for spec in specs:
         method, local = methods[spec.name]
-        if spec.kind == "dense" and method == "allreduce":
+        if spec.kind == "dense" and method_of(method).densified:
             dense.append(spec.nbytes)
             continue
         if spec.kind == "dense":  # whole tensor, as blocks

@@ -308,7 +308,7 @@ def predict_step(layout: Layout, links, params, routings: dict, dense_bytes=(),
             optimizer runs once per tensor, outside any measured operation).
     """
     links = coll.Links.from_fabric(links)
-    on_ps = [r for r in routings.values() if r.method == "ps"]
+    on_ps = [r for r in routings.values() if r.sync_method.on_servers]
     pred = StepPrediction(handoff=params.handoff, latency_included=bool(
         params.software) and params.software_scope == "job",
         after_work=after_work_factor(params.handoff, serving=bool(on_ps)))
@@ -316,8 +316,8 @@ def predict_step(layout: Layout, links, params, routings: dict, dense_bytes=(),
     workers = list(layout.worker_ranks)
     worker_nodes = [layout.node_of[r] for r in workers]
     pred.charge("data", "compute", data_s)
-    gathered = [r for r in routings.values() if r.method == "allgather"]
-    densified = [r for r in routings.values() if r.method == "allreduce"]
+    gathered = [r for r in routings.values() if r.sync_method.gathers]
+    densified = [r for r in routings.values() if r.sync_method.densified]
     # pull: ids deduplicated, then the PS tables in one exchange; replicas read locally
     def rows_of(group):  # the most ids a worker moves over these variables
         return max((sum(float(r.unique[w]) for r in group) for w in workers), default=0.0)

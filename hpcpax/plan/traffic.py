@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..ps.placement import assign_owners
+from ..sync.methods import method_of
 
 __all__ = ["Layout", "Routing", "routing_from_ids", "expected_routing", "step_bytes", "owner_bytes",
            "HEADER_BYTES", "COUNT_BYTES", "INDEX_BYTES", "partition_shares"]
@@ -119,6 +120,11 @@ class Routing:
     union: float = 0.0
 
     @property
+    def sync_method(self):
+        """The method, as its :class:`~hpcpax.sync.methods.SyncMethod`."""
+        return method_of(self.method)
+
+    @property
     def local_aggregation(self) -> bool:
         """Whether rows go through a node delegate."""
         return self.to_delegate is not None
@@ -159,7 +165,7 @@ def routing_from_ids(layout: Layout, method: str, rows: int, row_bytes: int, ids
         raw[w], unique[w] = ids.size, uniques[w].size
     union = float(np.unique(np.concatenate(list(uniques.values()))).size) if uniques else 0.0
     routing = Routing(method, int(row_bytes), int(rows), raw, unique, union=union)
-    if method != "ps":
+    if not routing.sync_method.on_servers:
         return routing
     owner_of_part = _owner_rank_of_part(layout, rows, row_bytes, partitions, owners)
     routing.parts_of_owner = np.bincount(owner_of_part, minlength=size).astype(np.float64)
@@ -201,7 +207,7 @@ def expected_routing(layout: Layout, method: str, rows: int, row_bytes: int, alp
     if alpha_all is None:
         alpha_all = 1.0 - (1.0 - float(alpha)) ** len(workers)
     routing = Routing(method, int(row_bytes), int(rows), raw, unique, union=float(alpha_all) * rows)
-    if method != "ps":
+    if not routing.sync_method.on_servers:
         return routing
     shares = partition_shares(rows, partitions)
     owner_of_part = _owner_rank_of_part(layout, rows, row_bytes, partitions, owners)
@@ -283,7 +289,7 @@ def step_bytes(layout: Layout, routings: dict, dense_bytes=()) -> dict:
     """
     out = _Bytes(layout)
     everyone = range(layout.size)
-    on_ps = {n: r for n, r in routings.items() if r.method == "ps"}
+    on_ps = {n: r for n, r in routings.items() if r.sync_method.on_servers}
     if on_ps:
         for phase in ("pull", "push"):  # one header and one count exchange each
             out.add_ranks("control", everyone, *(np.full(layout.size, (layout.size - 1.0)
@@ -306,13 +312,13 @@ def step_bytes(layout: Layout, routings: dict, dense_bytes=()) -> dict:
                 out.add("intra_node", r.to_delegate * (INDEX_BYTES + r.row_bytes))
     workers = list(layout.worker_ranks)
     for r in routings.values():
-        if r.method == "allgather":
+        if r.sync_method.gathers:
             record = INDEX_BYTES + r.row_bytes
             m = np.zeros((layout.size, layout.size))
             idx = np.asarray(workers)
             m[np.ix_(idx, idx)] = (r.unique[idx] * record)[:, None]
             out.add("allgather", m)
-        elif r.method == "allreduce":
+        elif r.sync_method.densified:
             out.add_ranks("dense_sparse", workers, *_ring(layout, r.rows * r.row_bytes + r.rows))
     for nbytes in dense_bytes:
         out.add_ranks("dense", workers, *_ring(layout, nbytes))
@@ -332,7 +338,7 @@ def owner_bytes(layout: Layout, routings: dict) -> dict:
     cross = node[:, None] != node[None, :]
     out = dict.fromkeys(("egress", "egress_inter", "ingress", "ingress_inter"), 0.0)
     for r in routings.values():
-        if r.method != "ps":
+        if not r.sync_method.on_servers:
             continue
         for key, width in (("egress", r.row_bytes), ("ingress", INDEX_BYTES + r.row_bytes)):
             out[key] += float((r.to_owner * width)[other].sum())

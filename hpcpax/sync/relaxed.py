@@ -68,7 +68,7 @@ class RelaxedSync:
 
     def __init__(self, relaxed, sparse, dense_shapes, dtype, optimizer, lr):
         for name, var in sparse.variables.items():
-            if var.method != "ps":
+            if not var.sync_method.relaxed:
                 raise ConfigError(f"consistency {relaxed.default} needs every sparse variable "
                                   f"on the parameter server; {name!r} is synced by "
                                   f"{var.method!r} (use --plan ps)")

@@ -28,7 +28,7 @@ from ..ops.optimizers import make_optimizer
 from ..ps.layout import WholeLayout
 from ..ps.sparse_grad import SparseGrad, check_indices
 from ..ps.table import TableShard
-from . import REPLICATED_METHODS
+from .methods import method_of
 
 __all__ = ["ReplicatedTable", "push_many"]
 
@@ -45,8 +45,8 @@ class ReplicatedTable:
     """
 
     def __init__(self, topology, spec, method="allgather", reduce="mean", seed=0):
-        if method not in REPLICATED_METHODS:
-            raise ConfigError(f"method must be one of {REPLICATED_METHODS}, not {method!r}")
+        if not method_of(method).replicated:
+            raise ConfigError(f"method must be a replicated one, not {method!r}")
         if not topology.is_worker:
             raise ConfigError("a ReplicatedTable lives on workers only")
         spec.validate()
@@ -130,21 +130,21 @@ def push_many(tables, grads) -> bool:
     if topology.workers.Get_size() == 1:  # one replica: its own gradient is the sum
         if error is not None:
             raise error
-        _count_nothing_moved(topology, [n for n in names if tables[n].method == "allgather"],
-                             [n for n in names if tables[n].method == "allreduce"])
+        _count_nothing_moved(topology, [n for n in names if method_of(tables[n].method).gathers],
+                             [n for n in names if method_of(tables[n].method).densified])
         for name in names:
             tables[name]._apply(*prepared[name])
         return True
     agree_input(topology.workers, error, f"push of {', '.join(map(repr, names))}",
                 labels=list(topology.worker_ranks))
-    gathered = [n for n in names if tables[n].method == "allgather"]
+    gathered = [n for n in names if method_of(tables[n].method).gathers]
     if gathered:
         results = allgather_sparse_many(topology, gathered, [prepared[n][0] for n in gathered],
                                         [prepared[n][1] for n in gathered])
         for name, (unique, summed) in zip(gathered, results):
             tables[name]._apply(unique, summed)
     for name in names:
-        if tables[name].method == "allreduce":
+        if method_of(tables[name].method).densified:
             ids, values = prepared[name]
             tables[name]._apply(*densify_allreduce(topology, name, ids, values,
                                                    tables[name].spec.rows))

@@ -15,7 +15,6 @@ from dataclasses import replace
 
 from ..ps.reshard import repartition_collective
 from ..ps.sparse_grad import SparseGrad
-from .replicated import push_many as push_replicated
 from .variable import VariableSync
 
 __all__ = ["SparseSync"]
@@ -57,10 +56,11 @@ class SparseSync:
 
         Then applies each request's owner map and local aggregation.
         """
-        self.ps.register([self.specs[n] for n, v in self.variables.items() if v.method == "ps"])
+        self.ps.register([self.specs[n] for n, v in self.variables.items()
+                          if v.sync_method.on_servers])
         for name, var in self.variables.items():
             request = self._requests[name]
-            if var.method != "ps":
+            if not var.sync_method.on_servers:
                 continue
             owners = request.get("owners")
             if owners:
@@ -76,11 +76,11 @@ class SparseSync:
         e.g. :class:`hpcpax.app.model_sync.ModelSync`).
         """
         topo, ps = self.topology, self.ps
-        on_ps = [self.specs[n] for n, v in self.variables.items() if v.method == "ps"]
+        on_ps = [self.specs[n] for n, v in self.variables.items() if v.sync_method.on_servers]
         ps.register_collective(on_ps if topo.is_worker else [])
         for name, var in self.variables.items():
             request = self._requests[name]
-            if var.method != "ps":
+            if not var.sync_method.on_servers:
                 continue
             owners = request.get("owners")
             if owners:
@@ -114,11 +114,9 @@ class SparseSync:
         **Collective** over the workers (and the servers through the PS).
         Replicated variables read their replica; ``ps`` ones travel together.
         """
-        out = {name: self[name].replica.pull_unique(ids)
-               for name, ids in ids_by_name.items() if self[name].method != "ps"}
-        on_ps = {name: ids for name, ids in ids_by_name.items() if self[name].method == "ps"}
-        if on_ps:
-            out.update(self.ps.pull_unique_many(on_ps))
+        out = {}
+        for batch, group in self._batches(ids_by_name):
+            out.update(batch.pull(self, group))
         return {name: out[name] for name in ids_by_name}
 
     def push(self, grads) -> None:
@@ -127,16 +125,23 @@ class SparseSync:
         The ``ps`` variables in one batched exchange, the replicated ones in
         another.
         """
-        on_ps, replicated = {}, {}
+        ready = {}
         for name, grad in grads.items():
-            var = self[name]
             if not isinstance(grad, SparseGrad):
-                grad = SparseGrad(grad[0], grad[1], var.spec.rows)
-            (on_ps if var.method == "ps" else replicated)[name] = grad
-        if replicated:
-            push_replicated({n: self.variables[n].replica for n in replicated}, replicated)
-        if on_ps:
-            self.ps.push_many(on_ps)
+                grad = SparseGrad(grad[0], grad[1], self[name].spec.rows)
+            ready[name] = grad
+        for batch, group in self._batches(ready):
+            batch.push(self, group)
+
+    def _batches(self, by_name) -> list:
+        """``[(StepBatch, {name: value})]``: ``by_name`` split by each variable's
+        method's :attr:`~hpcpax.sync.methods.SyncMethod.batch`, in the batches' order
+        (the same on every rank)."""
+        groups = {}
+        for name, value in by_name.items():
+            batch = self[name].sync_method.batch
+            groups.setdefault(id(batch), (batch, {}))[1][name] = value
+        return sorted(groups.values(), key=lambda item: item[0].order)
 
     def read_tables(self) -> dict:
         """``{name: whole table}`` on the workers; **collective** (workers and servers)."""
