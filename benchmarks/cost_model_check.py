@@ -2,7 +2,7 @@
 
 For each layout (2-6 ranks, virtual nodes, 0-2 servers), each round and
 each model, the job first measures the model's constants under the same
-load as the runs that follow (:func:`hpcpax.plan.calibrate.calibrate`:
+load as the runs that follow (:func:`hpcpax.tune.calibrate.calibrate`:
 fabric, ``Allreduce`` on reused and fresh buffers, kernel rates with every
 rank busy, hand-off, and hpcpax's fixed cost per operation and per
 partition on the job's own ranks; the model's own work per step, data,
@@ -185,7 +185,7 @@ def _one_run(comm, config, method, steps, warmup, workdir, calibration, compute,
     from hpcpax.app.trainer import Trainer
     from hpcpax.plan.collectives import Links
     from hpcpax.comm.fabric import Fabric
-    from hpcpax.plan.calibrate import cost_params
+    from hpcpax.tune.calibrate import cost_params
     from hpcpax.plan.cost_model import CostParams
     from hpcpax.plan.step_model import predict_step
     from hpcpax.plan.traffic import step_bytes
@@ -264,7 +264,7 @@ def job_main(args):
     import hpcpax
     from mpi4py import MPI
 
-    from hpcpax.plan.calibrate import calibrate
+    from hpcpax.tune.calibrate import calibrate
 
     comm = MPI.COMM_WORLD
     ranks_per_node, servers = args.ranks_per_node, args.servers_per_node
@@ -387,7 +387,7 @@ def _agreement(entries, key):
 
 
 def _transfer(entries):
-    from hpcpax.plan.learned import fit_correction
+    from hpcpax.runlog.learned import fit_correction
 
     out_analytic, out_learned, validation = {}, {}, {}
     for fit_on, predict_on in (("lm", "ctr"), ("ctr", "lm")):
@@ -515,7 +515,7 @@ def _run_layouts(args, layouts, spec):
 
 def _report(args, jobs, failures, fabric, emit):
     """Compare the jobs' measured steps with the predictions; emit the JSON line."""
-    from hpcpax.plan.runlog import RunLog
+    from hpcpax.runlog.log import RunLog
 
     entries = _summaries(jobs)
     log = RunLog()

@@ -2,7 +2,7 @@
 
 Sweeps the partition count P over 1, 2, 4, ..., 32 (each P: repartition live,
 time a few steps, median; the sweep is repeated in interleaved rounds), then
-runs the live search (:func:`hpcpax.plan.live_search.search_partitions_live`)
+runs the live search (:func:`hpcpax.tune.live_search.search_partitions_live`)
 from P0 = number of servers, and reports each P's step time, the chosen P and
 its swept time relative to the best. Workload and layout as
 ``benchmarks/sparse_sync.py`` (PS with local aggregation); run
@@ -22,7 +22,7 @@ import numpy as np
 from mpi4py import MPI
 
 import hpcpax
-from hpcpax.plan.live_search import search_partitions_live, time_steps
+from hpcpax.tune.live_search import search_partitions_live, time_steps
 from hpcpax import ParameterServer, SparseVariableSpec
 from hpcpax.ps.sparse_grad import SparseGrad
 

@@ -1,6 +1,6 @@
-"""``python -m hpcpax.runs list|export``: the command line of :mod:`hpcpax.plan.runs_cli`."""
+"""``python -m hpcpax.runs list|export``: the command line of :mod:`hpcpax.runlog.cli`."""
 
-from .plan.runs_cli import main
+from .runlog.cli import main
 
 if __name__ == "__main__":
     raise SystemExit(main())

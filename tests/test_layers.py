@@ -1,7 +1,8 @@
 """The architecture, checked: layers import downwards only (the top package included), no cycles.
 
 Layers (``docs/design/architecture.md``), lowest first: ``ops`` < ``comm`` < ``ps`` <
-``sync`` < ``plan`` < ``app`` < ``torch`` (the PyTorch adapter). ``data``
+``sync`` < ``plan`` (pure planning) < ``runlog`` (the run log) < ``tune`` (what runs
+collectives or live steps to decide) < ``app`` < ``torch`` (the PyTorch adapter). ``data``
 and ``models`` serve the application and import no layer above ``ops``;
 ``cluster`` (the emulated cluster, a tool) imports only the base. ``errors``,
 ``options`` and ``backend`` are the base every layer may use. Every import
@@ -17,13 +18,17 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "hpcpax"
-LAYERS = {"ops": 0, "comm": 1, "ps": 2, "sync": 3, "plan": 4, "app": 5, "torch": 6,
+LAYERS = {"ops": 0, "comm": 1, "ps": 2, "sync": 3, "plan": 4, "runlog": 5, "tune": 6,
+          "app": 7, "torch": 8,
           "data": 1, "models": 1,
           "cluster": 0}  # the emulated cluster is a tool beside the library: base only
 BASE = {"errors", "options", "backend"}
-#: Planning maths: pure, no MPI anywhere in them.
+#: Planning maths (all of ``plan/``) and the run log's: pure, no MPI anywhere in them.
 PURE_PLANNING = ["plan.cost_model", "plan.auto", "plan.plan", "plan.partition_search",
-                 "plan.measure", "plan.sim"]
+                 "plan.measure", "plan.sim", "plan.adaptive", "plan.collectives",
+                 "plan.dense_period", "plan.hot_rows_cost", "plan.joint_choice",
+                 "plan.kernel_rates", "plan.loss_guard", "plan.shares", "plan.step_model",
+                 "plan.traffic", "runlog.learned", "runlog.log"]
 
 
 #: What ``import hpcpax`` / ``from hpcpax import x`` reaches: the whole public API, on top.
@@ -102,7 +107,8 @@ def test_comm_imports_no_higher_layer():
     for name, path in ALL.items():
         if name.startswith("comm"):
             bad = [t for t in imports_of(name, path)[0]
-                   if t.split(".")[0] in ("ps", "sync", "plan", "app", "data", "models")]
+                   if t.split(".")[0] in ("ps", "sync", "plan", "runlog", "tune", "app", "data",
+                                          "models")]
             assert not bad, f"{name} imports {bad}"
 
 

@@ -82,7 +82,7 @@ def setup(trainer):
 
 
 def _set_staleness(relaxed, staleness):
-    from ..ps.consistency import parse_consistency
+    from ..ps.relaxed.consistency import parse_consistency
 
     relaxed.default = parse_consistency(f"ssp:{int(staleness)}")
     relaxed.per_variable.clear()
@@ -235,7 +235,7 @@ class AutoRun:
     def _in_phase(self, clock) -> int:
         """Before step ``clock + 1`` of a phase: move the pending decision on (decide,
         receive, apply when due); the clock the phase must stop at (NO_STOP: none)."""
-        from ..ps.relaxed_client import NO_STOP
+        from ..ps.relaxed.client import NO_STOP
 
         if self.waiting is not None:
             due = clock + 1 >= self.waiting + self.phase_staleness + LEAD

@@ -327,7 +327,7 @@ def _check_combination(config):
 
 
 def _check_consistency(config):
-    from ..ps.consistency import parse_consistency_spec
+    from ..ps.relaxed.consistency import parse_consistency_spec
     from ..plan.dense_period import parse_dense_period
     from .balance import check_run_time
     from .stragglers import parse_stalls, parse_straggler

@@ -99,7 +99,7 @@ class ModelSync:
         from ..comm.fusion import parse_tensors
         from ..comm.topology import init
         from ..comm.watchdog import Watchdog
-        from ..plan.controller import PlanController
+        from ..tune.controller import PlanController
         from ..ps.server import ParameterServer
         from ..ps.spec import SparseVariableSpec
         from ..sync.dense_buckets import BucketedAllreduce

@@ -42,9 +42,9 @@ import time
 import numpy as np
 
 from ..plan.dense_period import DensePeriod, parse_dense_period
-from ..ps.consistency import parse_consistency_spec
+from ..ps.relaxed.consistency import parse_consistency_spec
 from ..ps.relaxed import RelaxedParameterServer
-from ..ps.relaxed_client import NO_STOP
+from ..ps.relaxed.client import NO_STOP
 from ..sync.relaxed import RelaxedSync
 from . import checkpoint as ckpt
 from .metrics import MetricsWriter, json_safe

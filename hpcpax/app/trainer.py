@@ -12,7 +12,7 @@ Roles (see :mod:`hpcpax.comm.topology`): server ranks follow the workers in
 
 Each sparse variable is synced by its :class:`~hpcpax.sync.variable.VariableSync`
 (``ps``, ``allgather`` or ``allreduce``, as the plan says); the
-:class:`~hpcpax.plan.controller.PlanController` measures, plans and moves
+:class:`~hpcpax.tune.controller.PlanController` measures, plans and moves
 variables live. Things every rank must do together besides the steps
 (checkpoint, restore, switch, stop) go through a
 :class:`~hpcpax.app.commands.CommandChannel`.
@@ -30,8 +30,8 @@ from ..backend import to_host
 from ..comm.agreement import check_same
 from ..comm.watchdog import Watchdog
 from ..options import parse_bytes
-from ..plan.controller import PlanController
-from ..plan.records import record_run
+from ..tune.controller import PlanController
+from ..runlog.records import record_run
 from ..ps.memory import table_report
 from . import auto_run, build, relaxed_run
 from .checkpointing import RunCheckpoints

@@ -76,8 +76,8 @@ def make_plan(variables, mode: str, topology, fabric, partitions=None,
         params: cost model constants (default: kernel rates timed here,
             :meth:`CostParams.measured`).
         measurements, search: evidence copied into the plan.
-        correction: a learned :class:`~hpcpax.plan.learned.Correction` (or
-            :func:`~hpcpax.plan.learned.load_correction`'s ``(correction,
+        correction: a learned :class:`~hpcpax.runlog.learned.Correction` (or
+            :func:`~hpcpax.runlog.learned.load_correction`'s ``(correction,
             why)``) applied to ``auto``'s predictions; the plan's
             ``search["cost_model"]`` says whether it was used and why.
         hot_rows: ``"auto"`` (the cost model of

@@ -205,7 +205,7 @@ class CostParams:
             phase (a framework that runs one operation per partition, like
             TensorFlow under Parallax, pays it; hpcpax runs one kernel per
             variable but still pays some host work per partition, measured
-            by :func:`hpcpax.plan.operation_costs.measure_operations`,
+            by :func:`hpcpax.tune.operation_costs.measure_operations`,
             ``per_partition``; 0 by default).
         partition_overhead_per: who pays ``partition_overhead_s``: every
             variable's partitions (``"variable"``, the default: one operation
@@ -239,7 +239,7 @@ class CostParams:
             collective after the workers' own work wait ``f`` times that work
             (they take turns on an oversubscribed host; see
             :mod:`hpcpax.plan.step_model`). Measured by
-            :func:`hpcpax.plan.calibrate.measure_handoff`; 0 when None.
+            :func:`hpcpax.tune.calibrate.measure_handoff`; 0 when None.
         software: ``{operation: {"call_s", "per_variable_s"[, "per_row_s"]}}``:
             hpcpax's host overhead per batched operation (``ps_pull``,
             ``ps_push``, ``allgather_push``, ``allreduce_push``,
@@ -249,13 +249,13 @@ class CostParams:
             ``after_ps_push[_no_aggregation]``, ``after_allgather_push``,
             ``after_allreduce_push``: the wait a push leaves in the workers'
             next collective, per pushed table (and row, for the PS)), from
-            :func:`hpcpax.plan.calibrate.measure_software`. It includes the
+            :func:`hpcpax.tune.calibrate.measure_software`. It includes the
             kernels' fixed cost per call, so with it :meth:`kernel` counts
             only their per-unit cost.
         software_scope: where ``software`` was measured: ``"process"`` (a
-            one-rank world, :func:`~hpcpax.plan.calibrate.measure_software`:
+            one-rank world, :func:`~hpcpax.tune.calibrate.measure_software`:
             the host path only) or ``"job"`` (the job's own ranks,
-            :func:`~hpcpax.plan.calibrate.measure_operations`: the host path
+            :func:`~hpcpax.tune.calibrate.measure_operations`: the host path
             and the latencies of the operation's collectives, which the step
             model then does not charge again).
         source: where the numbers come from (printed with predictions).
@@ -442,7 +442,7 @@ def choose(var_spec, topology, fabric, partitions: int | None = None,
     Candidates are ``allreduce``, and for a sparse variable ``allgather``
     and ``ps`` (with local aggregation when a node has several workers, as
     Parallax does); a dense variable stays on ``allreduce``. Ties go to the earlier candidate in that order. ``correction``
-    (a :class:`~hpcpax.plan.learned.Correction`) rescales each prediction
+    (a :class:`~hpcpax.runlog.learned.Correction`) rescales each prediction
     by mechanism when given.
 
     Returns:

@@ -4,7 +4,7 @@ Pure arithmetic on the fabric's alpha-beta links (no MPI, not collective).
 :mod:`hpcpax.ps.hot_rows` moves a group of ``rows`` rows (``G = rows x
 row_bytes`` bytes, one copy) that ``k`` nodes pull and push by
 point-to-point messages among the group's members, in ``c`` pieces of about
-``HPCPAX_HOT_ROWS_CHUNK_BYTES`` (:func:`~hpcpax.ps.hot_groups.pieces_of`);
+``HPCPAX_HOT_ROWS_CHUNK_BYTES`` (:func:`~hpcpax.ps.hot_rows.groups.pieces_of`);
 this module prices that against today's path, one group alone. ``a`` is a
 link's latency, ``b`` its seconds per byte; ``piece = a_inter + G / c x
 b_inter``.
@@ -37,7 +37,7 @@ Not priced: what a tree costs the hosts (the members' bookkeeping, a relay's
 turn on a busy core). Measured on an emulated 4-node cluster with 2 cores for
 8 ranks, the same decision paid at 0.1 Gbit/s and lost at 20 Gbit/s (docs/measurements.md,
 "Hot rows, latest run"), so the trainer checks it on live steps
-(:mod:`hpcpax.plan.hot_rows_trial`).
+(:mod:`hpcpax.tune.hot_rows_trial`).
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ from __future__ import annotations
 import math
 
 from ..options import options
-from ..ps.hot_groups import MAX_PIECES, pieces_of
+from ..ps.hot_rows.groups import MAX_PIECES, pieces_of
 from ..sync.methods import method_of
 
 __all__ = ["tree_gain", "min_saved_bytes", "decide", "plan_entry"]

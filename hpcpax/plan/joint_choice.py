@@ -8,7 +8,7 @@ gathered ones, one allreduce for the densified ones), so an operation's
 fixed cost is paid once per step, by whichever tables use it. A table that
 joins an operation already in the step costs its marginal time; one that
 opens an operation pays the whole fixed cost. With the constants calibrated
-on the job (:func:`~hpcpax.plan.calibrate.calibrate`: each operation's fixed
+on the job (:func:`~hpcpax.tune.calibrate.calibrate`: each operation's fixed
 cost, which on small tables is most of the time) choosing per table put a
 40 KB table alone on ``allreduce`` next to two gathered ones, and the
 trainer's default job ran 1.4-1.7x slower steps than with all three gathered.
@@ -116,7 +116,7 @@ def worth_switching(specs, methods, partitions, new_s, shape, fabric, params: Co
                     threshold: float, correction=None) -> bool:
     """Re-planning: whether the new methods' predicted step ``new_s`` beats the current
     ``methods`` (with their ``partitions``) by more than ``threshold`` (a fraction);
-    ``correction`` may be :func:`~hpcpax.plan.learned.load_correction`'s pair."""
+    ``correction`` may be :func:`~hpcpax.runlog.learned.load_correction`'s pair."""
     if isinstance(correction, tuple):
         correction = correction[0]
     now_s = step_seconds(specs, methods, shape, fabric, params, partitions=partitions,

@@ -14,7 +14,7 @@ the same least squares as the links' alpha-beta fit:
 
 Local and not collective (no MPI): the timing runs in this process, so on
 a machine with more ranks than cores call it while the other ranks are busy
-too (``hpcpax.plan.calibrate`` does) to get the rates a step really sees.
+too (``hpcpax.tune.calibrate`` does) to get the rates a step really sees.
 Results are cached per process and options.
 """
 

@@ -24,7 +24,7 @@ hpcpax's fixed cost per operation (``software``) comes from
 :class:`~hpcpax.plan.cost_model.CostParams.software`. Measured on a one-rank
 world (``software_scope="process"``) it is only the host path, and every
 collective's latency is priced here; measured on the job's own ranks
-(``"job"``, :func:`hpcpax.plan.calibrate.measure_operations`) it already
+(``"job"``, :func:`hpcpax.tune.calibrate.measure_operations`) it already
 holds the latencies of the operation's collectives as this machine runs
 them, so those are not charged again (their bytes still are).
 
@@ -40,7 +40,7 @@ on every worker at once; each worker's timer shows its own work at the
 rate measured under the same load, but with more busy ranks than cores the
 workers take turns, so the first collective after such work waits
 ``after_work`` times the work accumulated since the previous collective
-(``handoff["after_work"]``, :func:`hpcpax.plan.calibrate.measure_after_work`:
+(``handoff["after_work"]``, :func:`hpcpax.tune.calibrate.measure_after_work`:
 ``"serving"`` when PS tables are served, whose servers wait inside MPI
 taking a core, ``"idle"`` otherwise). Work inside an operation whose cost
 was measured (``software``) is not counted: its measurement holds it.
@@ -163,7 +163,7 @@ def handoff_seconds(handoff, resource, seconds) -> float:
 
     ``handoff_per_work * seconds`` for ``server CPU`` (the one stage where
     some ranks work while the others wait, as
-    :func:`~hpcpax.plan.calibrate.measure_handoff` times it), else 0 (the
+    :func:`~hpcpax.tune.calibrate.measure_handoff` times it), else 0 (the
     per-operation ``handoff_s`` is charged by :meth:`StepPrediction.hand_off`).
     """
     if not handoff or seconds <= 0 or resource != "server CPU":

@@ -23,7 +23,7 @@ import numpy as np
 from ..backend import to_host
 from ..comm.exchange import alltoallv_many, exchange_counts_many
 from ..ops import dedup_sum, partition_pack
-from .hot_rows import HotRows, pull_reply, push_chain
+from .hot_rows.routing import HotRows, pull_reply, push_chain
 from .memory import MemoryBudgetError
 
 __all__ = ["Hop", "DataMovement"]
@@ -95,7 +95,7 @@ class DataMovement:
     Args:
         topology: from :func:`hpcpax.init`.
         reduce: ``mean`` or ``sum`` of the workers' gradients at the owner.
-        hot_rows: the :class:`~hpcpax.ps.hot_rows.HotRows` setting (the
+        hot_rows: the :class:`~hpcpax.ps.hot_rows.routing.HotRows` setting (the
             same on every rank): rows many nodes touch travel once.
     """
 

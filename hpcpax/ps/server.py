@@ -150,7 +150,7 @@ class ParameterServer:
 
     def set_hot_rows(self, settings) -> None:
         """Hot rows per variable as a plan decided: ``{name: entry}`` (see
-        :meth:`hpcpax.ps.hot_rows.HotRows.set`); local, the same call on every rank."""
+        :meth:`hpcpax.ps.hot_rows.routing.HotRows.set`); local, the same call on every rank."""
         for name, entry in settings.items():
             self._movement.hot.set(name, entry)
 

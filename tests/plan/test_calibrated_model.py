@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 
 from hpcpax.plan import collectives as coll
-from hpcpax.plan.calibrate import fit_relative
+from hpcpax.tune.calibrate import fit_relative
 from hpcpax.plan.cost_model import CostParams
-from hpcpax.plan.learned import FEATURES, fit_correction, load_correction
-from hpcpax.plan.runlog import RunLog
+from hpcpax.runlog.learned import FEATURES, fit_correction, load_correction
+from hpcpax.runlog.log import RunLog
 from hpcpax.plan.step_model import handoff_seconds, predict_step
 from hpcpax.plan.traffic import Layout, routing_from_ids
 
@@ -214,7 +214,7 @@ def test_one_rank_software_measurement_keeps_the_ranks_thread_limits():
     numba = pytest.importorskip("numba")
     from hpcpax.comm.threads import usable_cores
     from hpcpax.ops import _numba
-    from hpcpax.plan.calibrate import measure_software
+    from hpcpax.tune.calibrate import measure_software
 
     if usable_cores() < 2 or numba.config.NUMBA_NUM_THREADS < 2:
         pytest.skip("needs 2 cores: a one-rank world would give this rank 2 threads")
@@ -314,7 +314,7 @@ def test_densified_push_kernels_touch_rows_not_the_table():
 
 def test_evict_caches_writes_a_scratch_buffer_larger_than_a_private_cache():
     """The default eviction writes 4 x the core's private cache, every byte each call."""
-    from hpcpax.plan import caches
+    from hpcpax.tune import caches
 
     private = caches.private_cache_bytes()
     assert private >= 1 << 15
@@ -397,7 +397,7 @@ def test_operations_pay_per_row_of_the_busiest_worker():
 
 
 def test_the_per_partition_cost_is_kept_only_above_its_noise():
-    from hpcpax.plan.operation_costs import per_partition
+    from hpcpax.tune.operation_costs import per_partition
 
     noise = np.random.default_rng(0).normal(0.0, 1e-4, 60)  # no cost, 0.1 ms noise
     assert per_partition(noise, 15) == 0.0
@@ -410,7 +410,7 @@ def test_the_per_partition_cost_is_kept_only_above_its_noise():
 def test_a_calibration_becomes_the_job_scope_constants_the_check_validates():
     """``cost_params`` (what ``--plan auto`` and cost_model_check both use) keeps every
     measured constant: a pull priced with it is the operation's job-scope cost."""
-    from hpcpax.plan.calibrate import cost_params
+    from hpcpax.tune.calibrate import cost_params
 
     calibration = {"kernels": {"gather": {"call_s": 1e-6, "unit_s": 2e-9}},
                    "handoff": {"per_work": 0.1}, "software": SOFTWARE,

@@ -14,7 +14,7 @@ FABRIC = {"intra": {"latency_s": 1e-6, "bandwidth_Bps": 5e9},
           "inter": {"latency_s": 2e-6, "bandwidth_Bps": 12.5e9},
           "allreduce_bucket_bytes": 64 << 20}
 # each operation's fixed cost per step dominates, as calibrated on a busy host
-# (hpcpax.plan.calibrate); one more table in an operation costs little
+# (hpcpax.tune.calibrate); one more table in an operation costs little
 SOFTWARE = {op: {"call_s": call, "per_variable_s": 2e-5}
             for op, call in (("ps_pull", 9e-4), ("ps_push", 9e-4),
                              ("ps_pull_no_aggregation", 9e-4), ("ps_push_no_aggregation", 9e-4),

@@ -4,7 +4,7 @@ import pytest
 from mpi4py import MPI
 
 import hpcpax
-from hpcpax.plan.operation_costs import measure_operations
+from hpcpax.tune.operation_costs import measure_operations
 
 OPERATIONS = {"ps_pull", "ps_push", "ps_pull_no_aggregation", "ps_push_no_aggregation",
               "after_ps_push", "after_ps_push_no_aggregation", "after_allgather_push",
@@ -40,7 +40,7 @@ def test_after_work_factor_is_measured_for_serving_and_idle_servers(comm):
     policy's default both modes sleep between polls, so a serving server no longer
     makes the workers take turns on an oversubscribed host, as it did waiting
     inside MPI: no order between the two is asserted.)"""
-    from hpcpax.plan.calibrate import measure_after_work, measure_handoff
+    from hpcpax.tune.calibrate import measure_after_work, measure_handoff
 
     topo = hpcpax.init(None, 1, comm=comm)
     try:
@@ -60,7 +60,7 @@ def test_operations_after_a_workers_own_work_are_timed_cold(comm):
     """``cold`` runs on the workers before each timed call (and the warm-up) of the
     operations a step runs after the worker's own work, and before no other: a
     push's next collective must follow the push directly."""
-    from hpcpax.plan.operation_costs import COLD_OPERATIONS
+    from hpcpax.tune.operation_costs import COLD_OPERATIONS
 
     calls = []
     repeats = 2

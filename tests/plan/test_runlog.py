@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 
 from hpcpax.comm.fabric import Fabric, LinkModel
-from hpcpax.plan import runs_cli
+from hpcpax.runlog import cli as runs_cli
 from hpcpax.plan.auto import make_plan
 from hpcpax.plan.cost_model import CostParams
-from hpcpax.plan.learned import FEATURES, Correction, fit_correction, load_correction
-from hpcpax.plan.runlog import SCHEMA_VERSION, RunLog, RunLogWarning, run_log_path
+from hpcpax.runlog.learned import FEATURES, Correction, fit_correction, load_correction
+from hpcpax.runlog.log import SCHEMA_VERSION, RunLog, RunLogWarning, run_log_path
 
 
 def _record(model="lm", step=0.01, resources=None):
@@ -94,7 +94,7 @@ def test_locked_file_warns_after_the_timeout(tmp_path):
 
 _WRITER = """
 import sys
-from hpcpax.plan.runlog import RunLog
+from hpcpax.runlog.log import RunLog
 log = RunLog(sys.argv[1])
 for i in range(int(sys.argv[3])):
     assert log.append({"model": {"name": sys.argv[2]}, "measured": {"step_s": i}}) is not None
@@ -135,7 +135,7 @@ def test_correction_recovers_known_weights():
 
 
 def test_cross_validation_fits_each_held_out_group_once(monkeypatch):
-    from hpcpax.plan import learned
+    from hpcpax.runlog import learned
 
     rng = np.random.default_rng(1)
     truth = {"latency": 3.0, "client kernels": 0.5}

@@ -8,9 +8,9 @@ import pytest
 from hpcpax.app.stragglers import Stragglers, check_straggler_ranks, parse_stalls, parse_straggler
 from hpcpax.comm.polling import Backoff
 from hpcpax.errors import ConfigError
-from hpcpax.ps import relaxed_wire as wire
-from hpcpax.ps.clocks import StalenessLog, merge_staleness
-from hpcpax.ps.consistency import Consistency, parse_consistency, parse_consistency_spec
+from hpcpax.ps.relaxed import wire
+from hpcpax.ps.relaxed.clocks import StalenessLog, merge_staleness
+from hpcpax.ps.relaxed.consistency import Consistency, parse_consistency, parse_consistency_spec
 
 
 @pytest.mark.parametrize("text,model", [

@@ -13,8 +13,8 @@ from mpi4py import MPI
 
 import hpcpax
 from hpcpax import ParameterServer, SparseVariableSpec
-from hpcpax.ps.hot_groups import children_of, chunk_sizes, parent_of
-from hpcpax.ps.hot_rows import HotRows, classify
+from hpcpax.ps.hot_rows.groups import children_of, chunk_sizes, parent_of
+from hpcpax.ps.hot_rows.routing import HotRows, classify
 from hpcpax.ps.sparse_grad import SparseGrad
 from step_data import zipf_grad, zipf_ids
 
@@ -261,7 +261,7 @@ def test_hot_rows_bytes_equal_the_formula(comm, every_row_hot, chunk_bytes):
 
 
 def test_a_pull_without_trees_skips_the_next_classifications():
-    from hpcpax.ps.hot_rows import PROBE_EVERY
+    from hpcpax.ps.hot_rows.routing import PROBE_EVERY
 
     hot = HotRows({"a": 2, "b": 0})
     assert not hot.classify_pull(["b"])  # off: never classified
@@ -292,7 +292,7 @@ def test_tree_shapes_reach_every_member_once(k, chain):
 
 
 def test_pieces_follow_the_chunk_bytes():
-    from hpcpax.ps.hot_groups import MAX_PIECES, pieces_of
+    from hpcpax.ps.hot_rows.groups import MAX_PIECES, pieces_of
 
     assert pieces_of(1000, 0) == 1 and pieces_of(1000, 1000) == 1
     assert pieces_of(1001, 1000) == 2 and pieces_of(10 ** 9, 1000) == MAX_PIECES
@@ -306,8 +306,8 @@ def test_tags_stay_below_a_small_tag_upper_bound_and_extra_groups_move_as_today(
 
     from mpi4py import MPI
 
-    from hpcpax.ps.hot_rows import _owner_pieces
-    from hpcpax.ps.tree_traffic import TreeTraffic
+    from hpcpax.ps.hot_rows.routing import _owner_pieces
+    from hpcpax.ps.hot_rows.trees import TreeTraffic
 
     class SmallTags:  # a library with the least MPI_TAG_UB the standard allows
         def Get_attr(self, key):

@@ -16,7 +16,7 @@ import hpcpax
 from hpcpax import ParameterServer, SparseVariableSpec
 from hpcpax.errors import ConfigError, NonFiniteError, SparseIndexError
 from hpcpax.ps.relaxed import RelaxedParameterServer
-from hpcpax.ps.relaxed_client import NO_STOP
+from hpcpax.ps.relaxed.client import NO_STOP
 from hpcpax.ps.sparse_grad import SparseGrad
 
 ROWS, DIM = 64, 3

@@ -5,20 +5,20 @@ row that ``k`` nodes touch still leaves (pull) or reaches (push) its owner
 ``k`` times. Here the owner, which receives every node's ids anyway, counts
 the *sources* of each row (one per node under local aggregation, one per
 worker without it) and groups the rows by their exact set of sources ``S``
-(:func:`~hpcpax.ps.hot_groups.classify`). A group whose ``|S|`` reaches the
+(:func:`~hpcpax.ps.hot_rows.groups.classify`). A group whose ``|S|`` reaches the
 variable's ``min_nodes`` and whose saved owner bytes, ``(|S| - 1) x rows x
 row bytes``, reach the plan's threshold takes a tree; the other rows move
 as before.
 
 Tree messages are point-to-point among exactly the members of each tree
-(:class:`~hpcpax.ps.tree_traffic.TreeTraffic`): nobody else takes part and
+(:class:`~hpcpax.ps.hot_rows.trees.TreeTraffic`): nobody else takes part and
 nothing waits for a round; a member forwards a piece as soon as it has it.
 
 - **Pull**: one reply exchange (``Alltoall`` of counts, ``Alltoallv``)
   brings each requester its cold rows as today plus, per group it is a
   member of, the tree's *manifest* (members in tree order, pieces).
   The owner sends the group once, to the first member
-  (:func:`~hpcpax.ps.hot_groups.tree_order`: a chain starts on the owner's
+  (:func:`~hpcpax.ps.hot_rows.groups.tree_order`: a chain starts on the owner's
   node, so the owner's link carries one copy), which forwards it down a
   chain (``|S| <= 3`` or pipelined) or a binomial tree (member ``i`` sends
   to ``i + 1, i + 2, i + 4, ...`` above it). Every member needs every row
@@ -44,7 +44,7 @@ nothing waits for a round; a member forwards a piece as soon as it has it.
   tree, gets the chain's sequential sum: equal to rounding, not bitwise.)
 - **Pipelining**: a group larger than ``HPCPAX_HOT_ROWS_CHUNK_BYTES``
   (256 KiB) goes in pieces of about that size (at most
-  :data:`~hpcpax.ps.hot_groups.MAX_PIECES`), each on its own, down a
+  :data:`~hpcpax.ps.hot_rows.groups.MAX_PIECES`), each on its own, down a
   chain: a member forwards one piece while the next arrives. Each row
   keeps its path and order, so results stay bitwise today's.
 
@@ -57,12 +57,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..backend import to_host
-from ..comm.exchange import alltoallv_many, exchange_counts_many
-from ..comm.polling import spinning, wait
-from ..options import options
-from .hot_groups import children_of, chunk_sizes, classify, parent_of, tree_order
-from .tree_traffic import TreeTraffic
+from ...backend import to_host
+from ...comm.exchange import alltoallv_many, exchange_counts_many
+from ...comm.polling import spinning, wait
+from ...options import options
+from .groups import children_of, chunk_sizes, classify, parent_of, tree_order
+from .trees import TreeTraffic
 
 __all__ = ["HotRows", "classify", "pull_reply", "push_chain"]
 

@@ -23,7 +23,7 @@ import time
 
 import numpy as np
 
-from ..comm.polling import FRACTION, Backoff, wait
+from ...comm.polling import FRACTION, Backoff, wait
 
 __all__ = ["TAG_BASE", "POLL_FRACTION", "TreeTraffic"]
 
@@ -117,7 +117,7 @@ class TreeTraffic:
 
         ``poll``: 0 waits inside MPI (which busy-polls a core); a cap in
         seconds polls with a :class:`~hpcpax.comm.polling.Backoff` instead
-        (:func:`~hpcpax.ps.hot_rows.poll_cap`: the one wait policy).
+        (:func:`~hpcpax.ps.hot_rows.routing.poll_cap`: the one wait policy).
         """
         from mpi4py import MPI
 

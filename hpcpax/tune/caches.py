@@ -4,7 +4,7 @@ A step's pull and push move other data between two computes, and its
 compute moves other data between a pull and a push: a call timed back to
 back with itself finds its code and data in the core's caches, which a step
 does not. :func:`evict_caches` (untimed, before each timed call) writes
-scratch memory to push them out: :mod:`hpcpax.plan.operation_costs` runs it
+scratch memory to push them out: :mod:`hpcpax.tune.operation_costs` runs it
 before the operations that follow the worker's own work.
 """
 

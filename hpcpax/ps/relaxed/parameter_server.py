@@ -5,7 +5,7 @@ operation is a collective, so one slow worker holds every other at every
 step. :class:`RelaxedParameterServer` serves the same tables (the same
 :class:`~hpcpax.ps.table.TableShard` s, optimizers and layouts) with
 point-to-point requests on a communicator of its own, under a consistency
-model per variable (:mod:`hpcpax.ps.consistency`): ``ssp:S``, ``asp``,
+model per variable (:mod:`hpcpax.ps.relaxed.consistency`): ``ssp:S``, ``asp``,
 ``psp:B[,S]`` (and ``bsp``, which there means ``ssp:0``: the same
 parameters as the collective path).
 
@@ -38,11 +38,11 @@ nodes: on a cluster the straggler is usually a node).
 
 from __future__ import annotations
 
-from ..errors import ConfigError
+from ...errors import ConfigError
 from .clocks import Groups, merge_staleness
 from .consistency import parse_consistency, parse_consistency_spec
-from .relaxed_client import RelaxedClient
-from .relaxed_server import RelaxedServer
+from .client import RelaxedClient
+from .server import RelaxedServer
 
 __all__ = ["RelaxedParameterServer"]
 
@@ -54,7 +54,7 @@ class RelaxedParameterServer:
         ps: the job's parameter server (its tables, layouts and optimizers).
         consistency: the job's model, optionally with per-variable ones:
             ``"ssp:3"``, ``"asp; emb=ssp:1"`` (see
-            :func:`~hpcpax.ps.consistency.parse_consistency_spec`).
+            :func:`~hpcpax.ps.relaxed.consistency.parse_consistency_spec`).
         groups: ``worker`` or ``node``.
         seed: seed of the psp samples.
 
@@ -84,7 +84,7 @@ class RelaxedParameterServer:
 
     # ------------------------------------------------------------ the models
     def consistency_of(self, name):
-        """The :class:`~hpcpax.ps.consistency.Consistency` of variable ``name``."""
+        """The :class:`~hpcpax.ps.relaxed.consistency.Consistency` of variable ``name``."""
         return self.per_variable.get(name, self.default)
 
     def set_consistency(self, name, model) -> None:

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import ConfigError
+from ...errors import ConfigError
 
 __all__ = ["Consistency", "parse_consistency", "parse_consistency_spec", "BSP", "MODELS"]
 

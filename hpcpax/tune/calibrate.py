@@ -285,7 +285,7 @@ def calibrate(topology, fabric_seconds: float = 1.0, dim: int = 64) -> dict:
     from mpi4py import MPI
 
     from ..comm.fabric import measure_fabric
-    from .kernel_rates import measure_kernel_rates
+    from ..plan.kernel_rates import measure_kernel_rates
 
     comm = topology.comm
     shared = comm.Split_type(MPI.COMM_TYPE_SHARED)
@@ -319,7 +319,7 @@ def cost_params(calibration, source: str = "calibrated in this job"):
     """The :class:`~hpcpax.plan.cost_model.CostParams` of a :func:`calibrate` result
     (its ``fabric`` goes to the model as the links: pass ``calibration["fabric"]``
     where a fabric is asked for). Pure."""
-    from .cost_model import CostParams
+    from ..plan.cost_model import CostParams
 
     return CostParams(kernels=calibration["kernels"], handoff=calibration["handoff"],
                       software=calibration["software"],

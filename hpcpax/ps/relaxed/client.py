@@ -24,13 +24,13 @@ import time
 
 import numpy as np
 
-from ..backend import array_module, to_host
-from ..comm.polling import Backoff, wait_all
-from ..errors import NonFiniteError
-from ..ops import dedup_sum, partition_pack
-from . import relaxed_wire as wire
-from .movement import Hop
-from .sparse_grad import check_indices, prepare_push
+from ...backend import array_module, to_host
+from ...comm.polling import Backoff, wait_all
+from ...errors import NonFiniteError
+from ...ops import dedup_sum, partition_pack
+from . import wire
+from ..movement import Hop
+from ..sparse_grad import check_indices, prepare_push
 
 __all__ = ["RelaxedClient"]
 
@@ -44,7 +44,7 @@ class RelaxedClient:
         topology: from :func:`hpcpax.init`.
         comm: the relaxed communicator (a duplicate of ``topology.comm``).
         ps: the :class:`~hpcpax.ps.server.ParameterServer` (layouts, specs).
-        groups: the job's :class:`~hpcpax.ps.clocks.Groups`.
+        groups: the job's :class:`~hpcpax.ps.relaxed.clocks.Groups`.
         watchdog: optional :class:`~hpcpax.comm.watchdog.Watchdog`.
     """
 

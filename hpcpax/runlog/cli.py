@@ -4,7 +4,7 @@
 methods, measured and predicted ms per step), the newest ``--last`` of them
 (default 40; 0: all); ``export`` writes every record as JSON lines (``--out
 FILE``, default standard output). ``--path`` reads
-another log than :func:`hpcpax.plan.runlog.run_log_path`. Not collective.
+another log than :func:`hpcpax.runlog.log.run_log_path`. Not collective.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import os
 import sys
 
 from ..options import counted
-from .runlog import RunLog
+from .log import RunLog
 
 __all__ = ["main", "LAST"]
 

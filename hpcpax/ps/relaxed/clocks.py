@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import ConfigError
+from ...errors import ConfigError
 
 __all__ = ["Groups", "ClockTable", "StalenessLog", "GROUP_MODES", "merge_staleness"]
 

@@ -15,7 +15,7 @@ import warnings
 
 import numpy as np
 
-from .runlog import RunLog, RunLogWarning, run_log_path
+from .log import RunLog, RunLogWarning, run_log_path
 
 __all__ = ["record_run", "run_record", "measured_phases", "layout_summary"]
 
@@ -72,10 +72,10 @@ def _strategy(trainer):
 
 def _predict(record):
     """The analytic model's step for a record with a fabric and measured densities."""
-    from .collectives import Links
-    from .cost_model import CostParams
-    from .step_model import predict_step
-    from .traffic import Layout, expected_routing
+    from ..plan.collectives import Links
+    from ..plan.cost_model import CostParams
+    from ..plan.step_model import predict_step
+    from ..plan.traffic import Layout, expected_routing
 
     sparse = [v for v in record["model"]["variables"] if v["kind"] == "sparse"]
     if record.get("fabric") is None or any(v.get("alpha") is None for v in sparse):
@@ -127,7 +127,7 @@ def record_run(trainer, source: str = "train") -> int | None:
     """Append ``trainer``'s finished run to the run log; the record id or None.
 
     Not collective (call it on one rank). Never raises: a problem is a
-    :class:`~hpcpax.plan.runlog.RunLogWarning`.
+    :class:`~hpcpax.runlog.log.RunLogWarning`.
     """
     if run_log_path() is None:
         return None

@@ -71,7 +71,7 @@ class PlanController:
     # ------------------------------------------------------------ start-up
     def measure_fabric(self) -> None:
         """Alpha-beta fabric measurement; **collective** over every rank. ``auto`` with
-        ``plan_calibrate`` times all the model's constants (:func:`~hpcpax.plan.calibrate.
+        ``plan_calibrate`` times all the model's constants (:func:`~hpcpax.tune.calibrate.
         calibrate`: what cost_model_check validates); else kernel rates on one rank.
         Nothing is measured when a resumed run will take the measured plan in
         ``plan.json`` and never re-plan (only its fabric is read back)."""
@@ -115,7 +115,7 @@ class PlanController:
         self._begin_measuring(first_step)
 
     def _resume_plan(self) -> bool:
-        from . import Plan
+        from ..plan import Plan
 
         trainer = self.trainer
         text = measured_plan_text(trainer, trainer.topology.workers, 0)
@@ -128,7 +128,7 @@ class PlanController:
         return True
 
     def _begin_measuring(self, first_step):
-        from . import SparsityStats
+        from ..plan import SparsityStats
 
         self._stats = {name: SparsityStats() for name in self.trainer.sync}
         self._measure_until = first_step + self.trainer.config["plan_steps"] - 1
@@ -210,10 +210,10 @@ class PlanController:
 
     def _decide(self, replanning):
         from ..comm.agreement import check_same
-        from .plan import Plan
-        from .auto import make_plan, should_switch
-        from .cost_model import predict_all
-        from .learned import load_correction
+        from ..plan.plan import Plan
+        from ..plan.auto import make_plan, should_switch
+        from ..plan.cost_model import predict_all
+        from ..runlog.learned import load_correction
 
         trainer = self.trainer
         topo = trainer.topology
@@ -250,7 +250,7 @@ class PlanController:
     def _keep_whole_step(self, plan, specs, new_s, correction) -> None:
         """Re-planning a whole-step plan: every sparse variable stays unless the new
         methods beat the current ones' step by ``replan_threshold``."""
-        from .joint_choice import worth_switching
+        from ..plan.joint_choice import worth_switching
 
         sync = self.trainer.sync
         sparse = [s["name"] for s in specs if s["kind"] == "sparse"]
@@ -308,7 +308,7 @@ class PlanController:
         truth after switches, searches and repartitions); predictions and
         reasons of the last made plan are kept where the method is unchanged.
         """
-        from .plan import Plan, VariablePlan
+        from ..plan.plan import Plan, VariablePlan
 
         trainer = self.trainer
         made = self.plan.variables if self.plan is not None else {}

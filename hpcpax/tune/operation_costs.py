@@ -5,7 +5,7 @@
 push, a dense allreduce, the step's figures ``Allreduce``) with a few rows on
 the job's own ranks, one after the other as in a step, and the extra cost of
 a PS table's partitions; :func:`measure_software` times the same host path
-on a one-rank world. Used by :func:`hpcpax.plan.calibrate.calibrate`.
+on a one-rank world. Used by :func:`hpcpax.tune.calibrate.calibrate`.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import time
 import numpy as np
 
 from .caches import evict_caches
-from .kernel_rates import median_seconds
+from ..plan.kernel_rates import median_seconds
 
 __all__ = ["COLD_OPERATIONS", "measure_operations", "measure_software", "per_partition"]
 
@@ -43,7 +43,7 @@ IDLE_SUFFIX = "_idle"
 #: operations that follow the worker's own work in a step (a pull after the data, a
 #: push after the forward/backward), which has pushed the operation's code and data
 #: out of the core's caches: each is timed after ``cold`` (default
-#: :func:`~hpcpax.plan.caches.evict_caches`). The others
+#: :func:`~hpcpax.tune.caches.evict_caches`). The others
 #: (a push's next collective, the step's figures) follow a hpcpax operation directly.
 COLD_OPERATIONS = ("ps_pull", "ps_push", "ps_pull_no_aggregation", "ps_push_no_aggregation",
                    "allgather_push", "allreduce_push", "replica_pull")
@@ -209,7 +209,7 @@ def measure_operations(topology, counts=(1, 8), repeats: int = 15, dim: int = 16
     from ..ps.server import ParameterServer, SparseVariableSpec
     from ..ps.sparse_grad import SparseGrad
     from ..sync.replicated import ReplicatedTable, push_many
-    from .step_model import REDUCE_STEP_BYTES
+    from ..plan.step_model import REDUCE_STEP_BYTES
 
     comm = topology.comm
     rows = 64 * max(16, comm.Get_size())

@@ -170,11 +170,11 @@ def _weights_dict(weights) -> dict:
 
 
 def load_correction(path: str | None = None, min_records: int = MIN_RECORDS):
-    """``(Correction or None, why)`` from the run log (see :mod:`hpcpax.plan.runlog`).
+    """``(Correction or None, why)`` from the run log (see :mod:`hpcpax.runlog.log`).
 
     Not collective; never raises for a bad log (the log warns and gives nothing).
     """
-    from .runlog import RunLog
+    from .log import RunLog
 
     log = RunLog(path)
     if not log.enabled:

@@ -18,7 +18,7 @@ import time
 
 import numpy as np
 
-from .partition_search import SearchResult, search_partitions
+from ..plan.partition_search import SearchResult, search_partitions
 
 __all__ = ["search_partitions_live", "time_steps"]
 

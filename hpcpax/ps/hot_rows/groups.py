@@ -1,7 +1,7 @@
 """Hot rows: an owner's received ids grouped by their exact set of sources,
 and the shape of the tree each group takes.
 
-See :mod:`hpcpax.ps.hot_rows` for what the groups are for. Not collective.
+See :mod:`hpcpax.ps.hot_rows.routing` for what the groups are for. Not collective.
 """
 
 from __future__ import annotations

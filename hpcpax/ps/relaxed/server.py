@@ -11,7 +11,7 @@ server uses almost no CPU), and:
   sum of its clock, which is applied once every worker pushed that clock
   (summed in worker order, as the collective path does);
 - a **pull** is answered when its consistency condition holds
-  (:meth:`~hpcpax.ps.consistency.Consistency.ready`), else it waits in a
+  (:meth:`~hpcpax.ps.relaxed.consistency.Consistency.ready`), else it waits in a
   queue that is looked at again after every push;
 - a **drain** from a worker means it sent everything of this phase; the
   phase ends when every worker drained (nothing in flight, nothing pending).
@@ -32,9 +32,9 @@ import time
 
 import numpy as np
 
-from ..comm.polling import Backoff
-from ..ops import dedup_sum
-from . import relaxed_wire as wire
+from ...comm.polling import Backoff
+from ...ops import dedup_sum
+from . import wire
 from .clocks import ClockTable, StalenessLog
 
 __all__ = ["RelaxedServer"]
@@ -58,7 +58,7 @@ class RelaxedServer:
         comm: the relaxed communicator (a duplicate of ``topology.comm``).
         ps: the :class:`~hpcpax.ps.server.ParameterServer` holding the rows.
         consistency_of: ``name -> Consistency`` of each variable.
-        groups: the job's :class:`~hpcpax.ps.clocks.Groups`.
+        groups: the job's :class:`~hpcpax.ps.relaxed.clocks.Groups`.
         seed: seed of the psp samples.
         watchdog: optional :class:`~hpcpax.comm.watchdog.Watchdog`.
     """

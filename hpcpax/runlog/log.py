@@ -4,7 +4,7 @@ Every ``python -m hpcpax.train`` run and every cost-model benchmark appends
 one record: the model's variables (sizes, measured sparsity and duplicate
 ratios), the layout, the fabric measurement, the strategy of each variable,
 the measured seconds per phase and, when the run could price itself, the
-analytic model's prediction. :mod:`hpcpax.plan.learned` fits a correction
+analytic model's prediction. :mod:`hpcpax.runlog.learned` fits a correction
 of the model on these records (AutoSync's idea: learn from recorded runs).
 
 Where: ``$HPCPAX_RUN_LOG`` if set (``off`` disables the log), else
