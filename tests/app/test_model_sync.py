@@ -187,7 +187,7 @@ def test_every_command_the_planner_sends_has_a_handler():
     import re
     from pathlib import Path
 
-    import hpcpax.plan as plan_package
+    import hpcpax.tune as plan_package
 
     sent = set()
     for source in Path(plan_package.__file__).parent.glob("*.py"):
