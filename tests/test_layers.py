@@ -169,3 +169,17 @@ def test_imports_of_the_top_package_are_seen():
     finally:
         probe.unlink()
     assert TOP in ours and layer_of(TOP) > layer_of("plan.probe")
+
+
+#: Entry points that are MPI programs themselves: the trainer's ``__main__`` and the
+#: emulated cluster's link probe. Everything else reaches MPI through ``hpcpax.comm``.
+MPI_ENTRY_POINTS = {"train", "cluster.probe"}
+
+
+def test_only_comm_and_the_entry_points_import_mpi4py():
+    """The transport seam: the layers above ``comm`` reduce, message and abort through
+    it (``comm.reductions``, ``comm.messages``, ``comm.deathwatch``), never mpi4py."""
+    wrong = sorted(name for name, path in ALL.items()
+                   if "mpi4py" in imports_of(name, path)[1]
+                   and name.split(".")[0] != "comm" and name not in MPI_ENTRY_POINTS)
+    assert not wrong, wrong

@@ -67,10 +67,23 @@ class Mailbox:
         self._sends = [(r, b) for r, b in self._sends if not r.Test()]
         return len(self._sends)
 
-    def flush(self) -> None:
-        """Wait until every send has left this rank's buffers."""
+    def flush(self, cap=0) -> None:
+        """Wait until every send has left this rank's buffers.
+
+        ``cap``: 0 waits inside MPI; a number of seconds (or None, the policy's
+        default) waits by the one wait policy (:func:`hpcpax.comm.polling.wait`).
+        """
+        from .polling import wait
+
         if self._sends:
-            _mpi().Request.Waitall([r for r, _ in self._sends])
+            wait([r for r, _ in self._sends], cap)
+        self._sends = []
+
+    def flush_polled(self, while_waiting=None) -> None:
+        """:meth:`flush`, always polling (never inside MPI), ``while_waiting`` between polls."""
+        from .polling import wait_all
+
+        wait_all([r for r, _ in self._sends], while_waiting)
         self._sends = []
 
     # ------------------------------------------------------------- receives

@@ -38,6 +38,13 @@ def world_comm():
     return MPI.COMM_WORLD
 
 
+def self_comm():
+    """``MPI.COMM_SELF``: this rank alone, a one-rank world (imports mpi4py on first use)."""
+    from mpi4py import MPI
+
+    return MPI.COMM_SELF
+
+
 @dataclass
 class Topology:
     """Where this process sits, and the communicators of its role.

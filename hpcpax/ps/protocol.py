@@ -136,7 +136,7 @@ class Protocol:
         :class:`~hpcpax.errors.MismatchError` on every rank when the workers
         called different operations (or the same on different variables).
         """
-        from mpi4py import MPI
+        from ..comm.reductions import start_allgather
 
         topo = self.topology
         comm = topo.comm
@@ -148,7 +148,7 @@ class Protocol:
         # non-blocking on every rank (a blocking collective does not match a
         # non-blocking one), so that a server can wait for the next operation
         # by the one wait policy (server_wait_cap) instead of inside MPI
-        request = comm.Iallgather([mine, MPI.INT64_T], [everyone, MPI.INT64_T])
+        request = start_allgather(comm, mine, everyone)
         wait([request], server_wait_cap(topo) if topo.is_server else None)
         n = comm.Get_size() - 1
         topo.accounting.record_bytes("control", None, sent=n * mine.nbytes, recv=n * mine.nbytes,

@@ -97,7 +97,7 @@ def measure_allreduce(comm, sizes=ALLREDUCE_SIZES, repeats: int = 9,
     ``Allreduce`` in a row took 4.2-5.1 ms, where the interleaved fit said
     12.8 ms (the allocator's thresholds move with the sizes freed before).
     """
-    from mpi4py import MPI
+    from ..comm.reductions import largest, sum_in_place
 
     if comm is None or comm.Get_size() < 2:
         return None
@@ -109,8 +109,8 @@ def measure_allreduce(comm, sizes=ALLREDUCE_SIZES, repeats: int = 9,
             comm.Barrier()
             start = time.perf_counter()
             data = np.zeros(size // 4, np.float32) if fresh else buf
-            comm.Allreduce(MPI.IN_PLACE, data)
-            times.append(comm.allreduce(time.perf_counter() - start, op=MPI.MAX))
+            sum_in_place(comm, data)
+            times.append(largest(comm, time.perf_counter() - start))
             del data  # freed before the next call allocates, as between two steps
         seconds[size] = float(np.median(times[1:]))
     latency, bandwidth = comm.bcast(
@@ -140,8 +140,7 @@ def measure_handoff(comm, work_s=HANDOFF_WORK_S, repeats: int = 60, topology=Non
       once, then the workers' collective waits ``f`` times that work
       (the ranks that outnumber the cores ran one after the other).
     """
-    from mpi4py import MPI
-
+    from ..comm.reductions import largest
     from ..ps.protocol import server_wait, server_wait_cap
 
     # (a server that serves: the hand-off is charged to the PS's server work)
@@ -163,7 +162,7 @@ def measure_handoff(comm, work_s=HANDOFF_WORK_S, repeats: int = 60, topology=Non
             server_wait(comm.Iallgather(mine, everyone), cap)
             if i >= 5:
                 times.append(time.perf_counter() - start)
-        means.append(comm.allreduce(float(np.mean(times)), op=MPI.MAX))
+        means.append(largest(comm, float(np.mean(times))))
     extra = np.array(means) - np.array(work_s) - means[0]
     slope, intercept = np.polyfit(np.array(work_s[1:]), extra[1:], 1)
     result = {"handoff_s": max(float(intercept), 0.0), "handoff_per_work": max(float(slope), 0.0),
@@ -178,14 +177,14 @@ def _cpu_work(workers, seconds: float):
     was descheduled while timing would otherwise get less work than the others).
     Unlike a wall-clock spin, the work does not end early when the rank is
     descheduled. **Collective** over ``workers``."""
-    from mpi4py import MPI
+    from ..comm.reductions import smallest
 
     scratch = np.random.default_rng(1).random(2048)
     start, calls = time.perf_counter(), 0
     while time.perf_counter() - start < 2e-3:
         scratch.sum()
         calls += 1
-    per_call = workers.allreduce((time.perf_counter() - start) / calls, op=MPI.MIN)
+    per_call = smallest(workers, (time.perf_counter() - start) / calls)
     count = int(round(seconds / per_call))
 
     def work():
@@ -197,7 +196,7 @@ def _cpu_work(workers, seconds: float):
 def _after_work_factor(workers, work_s, repeats) -> float:
     """Workers' side of :func:`measure_after_work`: the fitted factor, the same on
     every worker."""
-    from mpi4py import MPI
+    from ..comm.reductions import sum_in_place
 
     vector = np.zeros(8, np.float64)
     works, waits = [], []
@@ -209,7 +208,7 @@ def _after_work_factor(workers, work_s, repeats) -> float:
             start = time.perf_counter()
             work()
             done = time.perf_counter()
-            workers.Allreduce(MPI.IN_PLACE, vector)
+            sum_in_place(workers, vector)
             if i >= 3:
                 spent.append(done - start)
                 waited.append(time.perf_counter() - done)
@@ -248,8 +247,7 @@ def measure_after_work(topology, work_s=HANDOFF_WORK_S, repeats: int = 60) -> di
     oversubscribed host, :func:`~hpcpax.ps.protocol.server_wait_cap`).
     Returns ``{"serving": factor, "idle": factor}``, the same on every rank.
     """
-    from mpi4py import MPI
-
+    from ..comm.reductions import start_allgather
     from ..ps.protocol import server_wait, server_wait_cap
 
     comm = topology.comm
@@ -267,7 +265,7 @@ def measure_after_work(topology, work_s=HANDOFF_WORK_S, repeats: int = 60) -> di
         # the servers wait for the workers' whole timing in one collective, as they
         # wait for the next operation in training; the workers join it at the end
         cap = server_wait_cap(topology, idle=idle) if topology.is_server else 0.0
-        server_wait(comm.Iallgather([mine, MPI.INT64_T], [everyone, MPI.INT64_T]), cap)
+        server_wait(start_allgather(comm, mine, everyone), cap)
         out[mode] = comm.bcast(factor, root=topology.worker_ranks[0])
     return out
 
@@ -282,15 +280,12 @@ def calibrate(topology, fabric_seconds: float = 1.0, dim: int = 64) -> dict:
     :class:`~hpcpax.plan.cost_model.CostParams` but ``fabric`` and
     ``one_host``).
     """
-    from mpi4py import MPI
-
     from ..comm.fabric import measure_fabric
+    from ..comm.reductions import on_one_host
     from ..plan.kernel_rates import measure_kernel_rates
 
     comm = topology.comm
-    shared = comm.Split_type(MPI.COMM_TYPE_SHARED)
-    one_host = comm.allreduce(shared.Get_size(), op=MPI.MIN) == comm.Get_size()
-    shared.Free()
+    one_host = on_one_host(comm)
     fabric = measure_fabric(topology, budget_s=fabric_seconds).to_dict()
     fabric.update(duplex=not one_host, shared_nic=not one_host)
     for key, fresh in (("allreduce", False), ("allreduce_fresh", True)):

@@ -173,13 +173,13 @@ class PlanController:
     # ------------------------------------------------------------- decisions
     def _measurements(self):
         """Sparsity means over steps and workers (identical on every worker)."""
-        from mpi4py import MPI
+        from ..comm.reductions import sum_in_place
 
         names = sorted(self._stats)
         keys = ("alpha", "alpha_node", "duplicate_ratio")
         vector = np.array([self._stats[n].to_dict()[k] or 0.0 for n in names for k in keys])
         comm = self.trainer.topology.workers
-        comm.Allreduce(MPI.IN_PLACE, vector, op=MPI.SUM)
+        sum_in_place(comm, vector)
         vector /= comm.Get_size()
         steps = self._stats[names[0]].steps if names else 0
         return {n: {**{k: float(vector[i * len(keys) + j]) for j, k in enumerate(keys)},

@@ -29,7 +29,7 @@ def time_steps(topology, step_fn, first_step: int, steps: int, warmup: int) -> f
     **Collective** over ``topology.workers``: each step's time is the
     slowest worker's (``MAX``), so every worker returns the same number.
     """
-    from mpi4py import MPI
+    from ..comm.reductions import largest
 
     comm = topology.workers
     times = []
@@ -37,7 +37,7 @@ def time_steps(topology, step_fn, first_step: int, steps: int, warmup: int) -> f
         comm.Barrier()
         start = time.perf_counter()
         step_fn(first_step + k)
-        elapsed = comm.allreduce(time.perf_counter() - start, op=MPI.MAX)
+        elapsed = largest(comm, time.perf_counter() - start)
         if k >= warmup:
             times.append(elapsed)
     return float(np.median(times))

@@ -98,16 +98,14 @@ def measure_software(counts=(1, 8), repeats: int = 30, dim: int = 16) -> dict:
       (the rows of a replicated table read locally);
     * ``dense_allreduce``: :meth:`DenseAllreduce.allreduce` (per tensor).
     """
-    from mpi4py import MPI
-
     from ..comm.allreduce import DenseAllreduce
-    from ..comm.topology import init
+    from ..comm.topology import init, self_comm
     from ..ps.server import ParameterServer, SparseVariableSpec
     from ..ps.sparse_grad import SparseGrad
     from ..sync.replicated import ReplicatedTable, push_many
 
     saved = _thread_limits()
-    topo = init(None, 0, comm=MPI.COMM_SELF)  # (it sets this rank's thread limits)
+    topo = init(None, 0, comm=self_comm())  # (it sets this rank's thread limits)
     try:
         ids = np.arange(4, dtype=np.int64)
         values = np.ones((4, dim), np.float32)
@@ -203,9 +201,8 @@ def measure_operations(topology, counts=(1, 8), repeats: int = 15, dim: int = 16
     differences of pulls and pushes), the model's
     ``CostParams.partition_overhead_s``.
     """
-    from mpi4py import MPI
-
     from ..comm.allreduce import DenseAllreduce
+    from ..comm.reductions import sum_in_place
     from ..ps.server import ParameterServer, SparseVariableSpec
     from ..ps.sparse_grad import SparseGrad
     from ..sync.replicated import ReplicatedTable, push_many
@@ -280,8 +277,7 @@ def measure_operations(topology, counts=(1, 8), repeats: int = 15, dim: int = 16
          replica_pull(keys[:1], many)),
         ("dense_allreduce", None, lambda k: lambda: engines[k].allreduce(
             {f"w{i}": grads[f"w{i}"] for i in range(k)}), None),
-        ("control", None, lambda k: lambda: topology.workers.Allreduce(MPI.IN_PLACE, vector),
-         None),
+        ("control", None, lambda k: lambda: sum_in_place(topology.workers, vector), None),
     ]
     variants = list(counts) + ["rows"]
     calls = {(name, k): make(k) for name, _, make, _ in operations for k in counts}

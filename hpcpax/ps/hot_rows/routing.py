@@ -197,7 +197,7 @@ def pull_reply(topology, variables, hop, wanted, policy, gather) -> tuple:
     ``hop.reply`` would) and whether any owner chose a tree (the same on
     every rank).
     """
-    from mpi4py import MPI
+    from ...comm.reductions import start_max
 
     comm, acct, me, size = topology.comm, topology.accounting, topology.rank, topology.size
     names = [v.spec.name for v in variables]
@@ -210,7 +210,7 @@ def pull_reply(topology, variables, hop, wanted, policy, gather) -> tuple:
         pieces += sum(len(sizes) for _, _, _, sizes in chosen)
     chose = np.array([pieces > 0], np.int64)
     agreed = np.zeros(1, np.int64)
-    agreement = comm.Iallreduce(chose, agreed, op=MPI.MAX)  # overlaps the trees
+    agreement = start_max(comm, chose, agreed)  # overlaps the trees
     # the reply: each requester's cold rows, and the manifest of each tree it is in
     counts = np.zeros((size, 2 * len(variables)), np.int64)
     arrays = []

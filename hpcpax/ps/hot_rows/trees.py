@@ -23,7 +23,8 @@ import time
 
 import numpy as np
 
-from ...comm.polling import FRACTION, Backoff, wait
+from ...comm.messages import Mailbox, done_now, tag_limit, wait_some
+from ...comm.polling import FRACTION, Backoff
 
 __all__ = ["TAG_BASE", "POLL_FRACTION", "TreeTraffic"]
 
@@ -51,12 +52,10 @@ class TreeTraffic:
         self.comm, self.accounting, self.names = comm, accounting, list(names)
         self.timed_phase = timed_phase
         self.size = comm.Get_size()
-        from mpi4py import MPI
-
-        upper = int(comm.Get_attr(MPI.TAG_UB))  # MPI promises only 32767
+        upper = tag_limit(comm)  # MPI promises only 32767
         self._base = min(TAG_BASE, upper // 2)
         self._pieces_per_owner = max(0, (upper - self._base) // self.size)
-        self._sends, self._kept = [], []
+        self._mail = Mailbox(comm)
         self._receives, self._unit_of = [], []
         self._units = []  # [arrays, messages still to come, callback]
         self._bytes = {}  # phase -> (sent[K, size], received[K, size])
@@ -85,13 +84,9 @@ class TreeTraffic:
     def send(self, dest, tag, arrays, phase, k, owner=None) -> None:
         """Send ``arrays`` (host, C-contiguous) to ``dest``, one message each;
         ``owner="ingress"``: rows to their owner (see ``Accounting.record_owner``)."""
-        from mpi4py import MPI
-
         for array in arrays:
             array = np.ascontiguousarray(array)
-            self._sends.append(self.comm.Isend([array.reshape(-1).view(np.uint8), MPI.BYTE],
-                                               dest=int(dest), tag=tag))
-            self._kept.append(array)
+            self._mail.send_bytes(array, dest, tag)
             self._count(phase, k, int(dest), array.nbytes, 0)
             self._count_owner(owner, int(dest), array.nbytes)
 
@@ -99,14 +94,11 @@ class TreeTraffic:
         """Receive one array per ``(shape, dtype)`` of ``likes`` from ``source``;
         ``callback(arrays)`` runs (inside :meth:`run`) once all have arrived.
         ``owner="egress"``: rows from their owner."""
-        from mpi4py import MPI
-
         unit = len(self._units)
         arrays = [np.empty(shape, dtype) for shape, dtype in likes]
         self._units.append([arrays, len(arrays), callback])
         for array in arrays:
-            self._receives.append(self.comm.Irecv([array.reshape(-1).view(np.uint8), MPI.BYTE],
-                                                  source=int(source), tag=tag))
+            self._receives.append(self._mail.receive_into(array, source, tag))
             self._unit_of.append(unit)
             self._count(phase, k, int(source), array.nbytes, 1)
             self._count_owner(owner, int(source), array.nbytes)
@@ -119,16 +111,14 @@ class TreeTraffic:
         seconds polls with a :class:`~hpcpax.comm.polling.Backoff` instead
         (:func:`~hpcpax.ps.hot_rows.routing.poll_cap`: the one wait policy).
         """
-        from mpi4py import MPI
-
         start = time.perf_counter()
         pending = len(self._receives)
         backoff = Backoff(poll, fraction=POLL_FRACTION) if poll > 0 else None
         while pending:
             if backoff is None:
-                done = MPI.Request.Waitsome(self._receives)
+                done = wait_some(self._receives)
             else:
-                done = MPI.Request.Testsome(self._receives)
+                done = done_now(self._receives)
                 if not done:
                     backoff.pause()
                     continue
@@ -139,7 +129,7 @@ class TreeTraffic:
                 unit[1] -= 1
                 if unit[1] == 0:
                     unit[2](unit[0])  # may post sends
-        wait(self._sends, poll)
+        self._mail.flush(poll)
         seconds = time.perf_counter() - start
         if self.accounting is None:
             return

@@ -25,7 +25,9 @@ import time
 import numpy as np
 
 from ...backend import array_module, to_host
+from ...comm.messages import Mailbox
 from ...comm.polling import Backoff, wait_all
+from ...comm.reductions import start_max_in_place
 from ...errors import NonFiniteError
 from ...ops import dedup_sum, partition_pack
 from . import wire
@@ -61,8 +63,7 @@ class RelaxedClient:
         #: Steps this worker has pushed (its clock).
         self.clock = 0
         self.phase = -1
-        self._sends = []
-        self._status = None
+        self._mail = Mailbox(comm)
         self.skipped_pushes = 0
 
     # ----------------------------------------------------------------- phase
@@ -140,15 +141,13 @@ class RelaxedClient:
 
     def _fetch(self, variables, ids) -> list:
         """Host rows of each variable's ids (unique, owned by servers), in the ids' order."""
-        from mpi4py import MPI
-
         per_server, orders = self._pack(variables, ids)
         formats = {v.index: (v.spec.dim, v.spec.dtype) for v in variables}
         replies, requests = {}, []
         for s, sections in per_server.items():
             size = wire.reply_bytes([(i, len(x)) for i, x, _ in sections], formats)
             replies[s] = np.empty(size, np.uint8)
-            requests.append(self.comm.Irecv([replies[s], MPI.BYTE], source=s, tag=wire.TAG_REPLY))
+            requests.append(self._mail.receive_into(replies[s], s, wire.TAG_REPLY))
         for s, sections in per_server.items():
             self._send(s, wire.pack(wire.PULL, self.phase, self.clock, sections))
         start = time.perf_counter()
@@ -217,11 +216,8 @@ class RelaxedClient:
         return not skip
 
     def _send(self, dest, buffer) -> None:
-        from mpi4py import MPI
-
-        self._sends = [(r, b) for r, b in self._sends if not r.Test()]
-        self._sends.append((self.comm.Isend([buffer, MPI.BYTE], dest=dest,
-                                            tag=wire.TAG_REQUEST), buffer))
+        self._mail.reap()
+        self._mail.send_bytes(buffer, dest, wire.TAG_REQUEST)
 
     # -------------------------------------------------------------- control
     def _while_waiting_in_step(self) -> None:
@@ -237,16 +233,10 @@ class RelaxedClient:
 
     def _poll_control(self, mid_step=False) -> None:
         """Leader: answer the coordinator's stop messages that arrived."""
-        from mpi4py import MPI
-
-        status = self._status or MPI.Status()
-        self._status = status
         while True:
-            message = self.comm.Improbe(self.coordinator, wire.TAG_CONTROL, status)
-            if message is None:
+            buffer = self._mail.take_bytes(wire.TAG_CONTROL, source=self.coordinator)
+            if buffer is None:
                 return
-            buffer = np.empty(status.Get_count(MPI.BYTE), np.uint8)
-            message.Recv([buffer, MPI.BYTE])
             kind, phase, value, _, _ = wire.header(buffer)
             if phase != self.phase:
                 raise RuntimeError(f"relaxed PS: rank {self.topology.rank} got a "
@@ -290,10 +280,8 @@ class RelaxedClient:
             if self.stop_at is not None:
                 stop = min(stop, self.stop_at)
         if self.node is not None:
-            from mpi4py import MPI
-
             vector = np.array([stop if self.is_leader else 0, int(preempted)], np.int64)
-            request = self.node.Iallreduce(MPI.IN_PLACE, vector, op=MPI.MAX)
+            request = start_max_in_place(self.node, vector)
             wait_all([request])
             stop, self.group_preempted = int(vector[0]), bool(vector[1])
         return self.clock >= stop
@@ -312,23 +300,17 @@ class RelaxedClient:
         reads it last) to every server and waits for each one's receipt,
         consuming any stop message the coordinator sent meanwhile.
         """
-        from mpi4py import MPI
-
         for s in self.topology.server_ranks:
             self._send(s, wire.control(wire.DRAIN, self.phase, self.clock))
-        status = MPI.Status()
         pending = set(self.topology.server_ranks)
         backoff = Backoff()
         with self._guard("relaxed drain"):
             while pending:
-                message = self.comm.Improbe(MPI.ANY_SOURCE, wire.TAG_CONTROL, status)
-                if message is None:
+                buffer = self._mail.take_bytes(wire.TAG_CONTROL)
+                if buffer is None:
                     backoff.pause()
                     continue
-                buffer = np.empty(status.Get_count(MPI.BYTE), np.uint8)
-                message.Recv([buffer, MPI.BYTE])
                 kind = wire.header(buffer)[0]
                 if kind == wire.DRAINED:
-                    pending.discard(status.Get_source())
-            wait_all([r for r, _ in self._sends])
-        self._sends = []
+                    pending.discard(self._mail.last_source)
+            self._mail.flush_polled()

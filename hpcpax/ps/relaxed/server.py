@@ -32,6 +32,7 @@ import time
 
 import numpy as np
 
+from ...comm.messages import Mailbox
 from ...comm.polling import Backoff
 from ...ops import dedup_sum
 from . import wire
@@ -65,6 +66,7 @@ class RelaxedServer:
 
     def __init__(self, topology, comm, ps, consistency_of, groups, seed=0, watchdog=None):
         self.topology, self.comm, self.ps = topology, comm, ps
+        self._mail = Mailbox(comm)
         self.consistency_of, self.groups, self.watchdog = consistency_of, groups, watchdog
         self.clocks = ClockTable(groups)
         self.rng = np.random.default_rng([int(seed), topology.rank, 7403])
@@ -89,9 +91,7 @@ class RelaxedServer:
                 (asp/psp), or None.
         """
         self._start(phase, clocks, budget)
-        from mpi4py import MPI
-
-        status = MPI.Status()
+        mail = self._mail
         backoff = Backoff()
         cpu, began = time.process_time(), time.perf_counter()
         while len(self.drained) < len(self.groups.workers):
@@ -99,27 +99,25 @@ class RelaxedServer:
             name = (f"relaxed server: waiting for rank {silent}" if silent is not None
                     else "relaxed server: serving")
             with self._guard(name, since):
-                message = self.comm.Improbe(MPI.ANY_SOURCE, wire.TAG_REQUEST, status)
-                if message is None:
-                    self._sends = [(r, b) for r, b in self._sends if not r.Test()]
+                buffer = mail.take_bytes(wire.TAG_REQUEST)
+                if buffer is None:
+                    mail.reap()
                     idle = time.perf_counter()
                     backoff.pause()
                     self.stats["idle_seconds"] += time.perf_counter() - idle
                     self.stats["sleeps"] += 1
                     continue
-                buffer = np.empty(status.Get_count(MPI.BYTE), np.uint8)
-                message.Recv([buffer, MPI.BYTE])
+                source = mail.last_source
                 start = time.perf_counter()
-                self._handle(status.Get_source(), buffer)
+                self._handle(source, buffer)
                 end = time.perf_counter()
                 self.stats["busy_seconds"] += end - start
                 if self.events is not None:
                     kind = int(np.frombuffer(buffer, np.int64, count=1)[0])
                     self.events.append((f"serve {wire.KIND_NAMES.get(kind, kind)}", start, end,
-                                        {"from": status.Get_source()}))
+                                        {"from": source}))
                 backoff.reset()
-        MPI.Request.Waitall([r for r, _ in self._sends])
-        self._sends = []
+        mail.flush()
         if self.waiting:
             raise RuntimeError(f"relaxed PS: phase {phase} ended with "
                                f"{len(self.waiting)} unanswered pulls")
@@ -138,7 +136,6 @@ class RelaxedServer:
         self.pending = {}  # clock -> {variable index: [(rank, ids, values)]}
         self.waiting = []
         self.drained = set()
-        self._sends = []
         self.budget = budget
         now = time.monotonic()
         self.last_heard = {r: now for r in self.groups.workers}
@@ -187,7 +184,7 @@ class RelaxedServer:
             raise RuntimeError(f"relaxed PS: unexpected message kind {kind} from rank {source}")
 
     def _send(self, dest, buffer, tag) -> None:
-        self._sends.append((self.comm.Isend([buffer, _byte()], dest=dest, tag=tag), buffer))
+        self._mail.send_bytes(buffer, dest, tag)
 
     def _push(self, source, buffer) -> None:
         _, _, clock, _, sections = wire.unpack(buffer, self.formats, with_values=True)
@@ -363,8 +360,3 @@ class RelaxedServer:
         """``{model: StalenessLog.as_dict()}`` of this server (local)."""
         return {key: log.as_dict() for key, log in self.logs.items()}
 
-
-def _byte():
-    from mpi4py import MPI
-
-    return MPI.BYTE
