@@ -87,10 +87,9 @@ def _main_aborting_on_error() -> int:
                 # mpiexec forwards each rank's stderr; an immediate abort can kill the job
                 # before the message above is through (seen with errors raised on every rank)
                 time.sleep(ABORT_GRACE_S)
-                from .comm.deathwatch import announce_abort
+                from .comm.deathwatch import abort_job
 
-                announce_abort()  # this rank's report is above: the host's watcher adds none
-                MPI.COMM_WORLD.Abort(1)
+                abort_job(1)  # this rank's report is above: the host's watcher adds none
         except ImportError:  # pragma: no cover
             pass
         return 1

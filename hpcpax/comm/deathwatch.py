@@ -30,6 +30,7 @@ the task.
 from __future__ import annotations
 
 import atexit
+import json
 import os
 import socket
 import subprocess
@@ -148,8 +149,6 @@ def start_death_watch(comm, role=None):
             sock.connect("\0" + address)
             hello = {"rank": MPI.COMM_WORLD.Get_rank(), "host": MPI.Get_processor_name(),
                      "pid": os.getpid(), "role": role}
-            import json
-
             sock.sendall(("hello " + json.dumps(hello) + "\n").encode())
         except OSError:
             sock = None

@@ -28,7 +28,7 @@ import time
 
 import numpy as np
 
-from .deathwatch import announce_abort
+from .deathwatch import abort_job
 from .watchdog import resolve_timeout
 
 __all__ = ["check_arrival", "leave_together"]
@@ -107,8 +107,7 @@ def _give_up(comm, abort, report, requests):
         abort(report)
         return -1.0
     time.sleep(0.5)  # let the launcher forward the line before the abort
-    announce_abort()
-    comm.Abort(1)
+    abort_job(1, comm)
     return -1.0  # pragma: no cover - Abort does not return
 
 
@@ -147,6 +146,5 @@ def leave_together(status, comm=None, timeout=None, *, abort=None) -> int:
             abort(report)
             return int(status)
         time.sleep(0.5)  # let the launcher forward the line before the abort
-        announce_abort()
-        comm.Abort(int(status))
+        abort_job(status, comm)
     return int(agreed[0])

@@ -32,7 +32,7 @@ from contextlib import contextmanager
 import numpy as np
 
 from ..errors import ConfigError
-from .deathwatch import announce_abort, start_death_watch
+from .deathwatch import abort_job, start_death_watch
 from ..options import options
 
 __all__ = ["Watchdog", "DEFAULT_TIMEOUT", "resolve_timeout"]
@@ -208,8 +208,7 @@ class Watchdog:
         # The launcher forwards stderr asynchronously and drops what is in
         # flight when the abort kills the job: give the report a moment.
         time.sleep(_FORWARD_SECONDS)
-        announce_abort()
-        MPI.COMM_WORLD.Abort(1)
+        abort_job(1)
 
     # ----------------------------------------------------------------- close
     def close(self) -> None:
