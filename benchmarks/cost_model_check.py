@@ -149,7 +149,7 @@ def _train(comm, settings, steps, warmup, workdir, plan=None):
 def _aggregation_on(trainer, var):
     """The PS's local-aggregation setting of ``var`` (its communicators are freed by now)."""
     enabled = var.local_aggregation
-    return bool(trainer.ps.local_aggregation if enabled is None else enabled)
+    return bool(trainer.engine.ps.local_aggregation if enabled is None else enabled)
 
 
 def _replay(trainer, steps):
@@ -164,12 +164,12 @@ def _replay(trainer, steps):
         ids = [trainer.model.sparse_ids(trainer.reader.batch(position, batch, w, n), position)
                for w in range(n)]
         routings = {}
-        for name, sync in trainer.sync.variables.items():
+        for name, sync in trainer.engine.sync.variables.items():
             spec = sync.spec
             row_bytes = spec.dim * np.dtype(spec.dtype).itemsize
             per_worker = [np.asarray(i[name]) for i in ids]
             if sync.method == "ps":
-                var = trainer.ps.variables[name]
+                var = trainer.engine.ps.variables[name]
                 routings[name] = routing_from_ids(
                     layout, "ps", spec.rows, row_bytes, per_worker,
                     partitions=var.layout.num_partitions, owners=list(var.layout.owners),
@@ -229,12 +229,12 @@ def _one_run(comm, config, method, steps, warmup, workdir, calibration, compute,
                               CostParams.measured(), r, dense_bytes, compute_s=compute[1],
                               data_s=compute[0], optimizer_s=compute[2]).seconds
                  for r in routings[:3]]
-        specs = {n: v.spec for n, v in trainer.sync.variables.items()}
-        strategy = {n: {"method": trainer.sync[n].method,
-                        "partitions": trainer.sync[n].partitions,
-                        "local_aggregation": (_aggregation_on(trainer, trainer.ps.variables[n])
+        specs = {n: v.spec for n, v in trainer.engine.sync.variables.items()}
+        strategy = {n: {"method": trainer.engine.sync[n].method,
+                        "partitions": trainer.engine.sync[n].partitions,
+                        "local_aggregation": (_aggregation_on(trainer, trainer.engine.ps.variables[n])
                                               and layout.workers_per_node() > 1
-                                              if trainer.sync[n].method == "ps" else None)}
+                                              if trainer.engine.sync[n].method == "ps" else None)}
                     for n in specs}
         first = routings[0]
         variables = [{"name": n, "kind": "sparse", "shape": [s.rows, s.dim], "dtype": s.dtype,

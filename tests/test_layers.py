@@ -2,7 +2,8 @@
 
 Layers (``docs/design/architecture.md``), lowest first: ``ops`` < ``comm`` < ``ps`` <
 ``sync`` < ``plan`` (pure planning) < ``runlog`` (the run log) < ``tune`` (what runs
-collectives or live steps to decide) < ``app`` < ``torch`` (the PyTorch adapter). ``data``
+collectives or live steps to decide) < ``engine`` (one job's machinery, one factory) <
+``app`` < ``torch`` (the PyTorch adapter). ``data``
 and ``models`` serve the application and import no layer above ``ops``;
 ``cluster`` (the emulated cluster, a tool) imports only the base. ``errors``,
 ``options`` and ``backend`` are the base every layer may use. Every import
@@ -19,7 +20,7 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "hpcpax"
 LAYERS = {"ops": 0, "comm": 1, "ps": 2, "sync": 3, "plan": 4, "runlog": 5, "tune": 6,
-          "app": 7, "torch": 8,
+          "engine": 7, "app": 8, "torch": 9,
           "data": 1, "models": 1,
           "cluster": 0}  # the emulated cluster is a tool beside the library: base only
 BASE = {"errors", "options", "backend"}
@@ -107,8 +108,8 @@ def test_comm_imports_no_higher_layer():
     for name, path in ALL.items():
         if name.startswith("comm"):
             bad = [t for t in imports_of(name, path)[0]
-                   if t.split(".")[0] in ("ps", "sync", "plan", "runlog", "tune", "app", "data",
-                                          "models")]
+                   if t.split(".")[0] in ("ps", "sync", "plan", "runlog", "tune", "engine",
+                                          "app", "data", "models")]
             assert not bad, f"{name} imports {bad}"
 
 

@@ -3,8 +3,8 @@
 The run is cut into *segments* (``--auto-segment`` steps, doubling while
 the mode stays, up to 8x). A segment runs in the mode in force:
 
-- ``bsp`` / ``balanced``: the trainer's own BSP steps
-  (:meth:`~hpcpax.app.trainer.Trainer.loop_step`), with even batch shares
+- ``bsp`` / ``balanced``: the run's BSP steps
+  (:class:`~hpcpax.app.bsp_step.BSPSteps`), with even batch shares
   or shares proportional to the workers' speeds
   (:class:`~hpcpax.app.balance.BatchBalancer`);
 - ``ssp:S`` (``ssp:S+balanced`` with uneven shares): steps of one relaxed
@@ -47,38 +47,35 @@ workers (the cost of a switch is bounded by the segments' doubling).
 from __future__ import annotations
 
 import copy
-import os
 import time
 
 import numpy as np
 
 from ..plan.adaptive import MAX_STALENESS, AutoPolicy
 from .auto_channel import LEAD, DecisionChannel
-from . import relaxed_run
-from .metrics import MetricsWriter, ProgressBar, json_safe
+from .loop import StepFigures
+from .metrics import json_safe
+from .relaxed_run import RelaxedSteps, relaxed_parts
 
-__all__ = ["setup", "AutoRun"]
+__all__ = ["make_auto", "AutoSchedule"]
 
 
-def setup(trainer):
-    """:func:`hpcpax.app.relaxed_run.setup`, or an :class:`AutoRun` under ``auto``;
-    **collective** (every rank)."""
-    if trainer.config["consistency"] != "auto":
-        return relaxed_run.setup(trainer)
-    from .stragglers import Stragglers
+def make_auto(trainer, bsp):
+    """The :class:`AutoSchedule` of an ``auto`` run; **collective** (every rank).
 
+    ``bsp``: the run's :class:`~hpcpax.app.bsp_step.BSPSteps` (its BSP segments).
+    """
     from ..errors import ConfigError
 
-    config, topo = trainer.config, trainer.topology
+    topo = trainer.topology
     if not topo.server_ranks:  # the same on every rank: all raise together
         raise ConfigError("consistency 'auto' needs server ranks (servers_per_node >= 1, "
                           "and at least one worker beside them, e.g. mpirun -n 3): its ssp "
                           "segments run on the relaxed parameter server")
-    trainer.stragglers = Stragglers.for_topology(config, topo)
-    relaxed, rsync = relaxed_run.relaxed_parts(trainer, f"ssp:{MAX_STALENESS}")
-    trainer.commands.handlers["auto_staleness"] = lambda staleness: _set_staleness(
+    relaxed, rsync = relaxed_parts(trainer, f"ssp:{MAX_STALENESS}")
+    trainer.engine.commands.handlers["auto_staleness"] = lambda staleness: _set_staleness(
         relaxed, staleness)
-    return AutoRun(trainer, relaxed, rsync)
+    return AutoSchedule(trainer, bsp, relaxed, rsync)
 
 
 def _set_staleness(relaxed, staleness):
@@ -88,13 +85,15 @@ def _set_staleness(relaxed, staleness):
     relaxed.per_variable.clear()
 
 
-class AutoRun:
-    """The workers' side of an ``auto`` run (servers serve the trainer's commands)."""
+class AutoSchedule:
+    """The scheduler of an ``auto`` run (workers; servers serve the commands): BSP
+    segments (:class:`_BSPSegment`) and ``ssp:S`` phases (:class:`_RelaxedSegment`),
+    and a step hook measuring the BSP steps."""
 
-    def __init__(self, trainer, relaxed, rsync):
-        self.trainer = trainer
-        self.relaxed_run = relaxed_run.RelaxedRun(trainer, relaxed, rsync)
+    def __init__(self, trainer, bsp, relaxed, rsync):
+        self.trainer, self.bsp = trainer, bsp
         self.relaxed, self.rsync = relaxed, rsync
+        self.relaxed_steps = RelaxedSteps(trainer, relaxed, rsync)
         config, topo = trainer.config, trainer.topology
         self.policy = AutoPolicy(topo.num_workers, config["global_batch"],
                                  segment=config["auto_segment"],
@@ -105,56 +104,72 @@ class AutoRun:
         #: received, ``(step it applies from, policy state, decision or None)``.
         self.waiting = self.scheduled = None
         self.metrics = None
+        self.start_step = 1
+        #: Wall seconds of the ssp phases (the BSP steps' are the BSP strategy's).
+        self.relaxed_seconds = 0.0
+        self._bsp_segment = _BSPSegment(self)
+        self._relaxed_segment = _RelaxedSegment(self)
 
-    # ------------------------------------------------------------------ run
-    def run(self, wall_start) -> dict:
-        """Train (workers); **collective** over the workers, the servers following."""
+    # ------------------------------------------------------------- set-up
+    def prepare(self, metrics_for) -> int:
+        """Dense tables, resume, metrics; the first step. **Collective** over the workers."""
         t = self.trainer
-        config = t.config
         with t.watchdog.guard("set-up: dense tables"):
             self.rsync.register_dense()
-        start_step = t._resume() if config["resume"] else 1
-        t._bar = ProgressBar(config["steps"], start_step - 1,
-                             t.is_leader and not config["quiet"])
-        metrics = MetricsWriter(os.path.join(t.run_dir, "metrics.jsonl"), t.is_leader,
-                                resumed_at=start_step - 1 if config["resume"] else None,
-                                job_id=t.job_id,
-                                log=lambda text: t.log(text, important=True))
-        t._loop = {"metrics": metrics, "previous": None, "seconds": 0.0, "last": start_step - 1}
+        self.start_step = t.resume() if t.config["resume"] else 1
+        self.metrics = self.bsp.metrics = metrics_for(self.start_step, self.start_step - 1)
+        self.bsp.last = self.start_step - 1
         t.log(f"consistency auto: starting at {self.policy.consistency}", important=True)
-        self.metrics = metrics
         self.channel = DecisionChannel(t.topology.workers)
-        step = start_step
-        try:
-            while step <= config["steps"] and not t.stopped:
-                end = self._segment_end(step)
-                if self.policy.mode == "ssp":
-                    self._relaxed_segment(step, end, metrics)
-                else:
-                    for s in range(step, end + 1):
-                        t.loop_step(s)
-                        if t.stopped:
-                            break
-                        for hook in t.hooks:
-                            hook(t, s)
-                    deciding = time.perf_counter()
-                    with t.watchdog.guard(f"auto: decision after step {t._loop['last']}"):
-                        self._decide(step, t._loop["last"])
-                    t.runtime.timeline.span("auto decision", deciding, time.perf_counter(),
-                                            {"step": t._loop["last"]}, cat="auto")
-                step = t._loop["last"] + 1
-        finally:
-            metrics.close()
+        return self.start_step
+
+    def checkpoint_state(self) -> dict:
+        """The policy's state, for a checkpoint's metadata."""
+        return {"auto": self.policy.state()}
+
+    def restore(self, meta) -> None:
+        """Continue the policy from a checkpoint's metadata (first worker's);
+        **collective** over the workers."""
+        topo = self.trainer.topology
+        state = topo.workers.bcast(meta.get("auto") if topo.worker_index == 0 else None,
+                                   root=0)
+        if state:
+            self.policy.load(state)
+            self.trainer.balance.shares = list(self.policy.shares)
+
+    # ---------------------------------------------------------- scheduler
+    def finished(self, step) -> bool:
+        """True once ``step`` is past the run's end."""
+        return step > self.trainer.config["steps"]
+
+    def next_segment(self, step) -> tuple:
+        """The mode in force's segment from ``step``: ``(strategy, its last step)``."""
+        end = self._segment_end(step)
+        if self.policy.mode == "ssp":
+            return self._relaxed_segment, end
+        return self._bsp_segment, end
+
+    def after_step(self, figures) -> None:
+        """Step hook: a BSP step's figures, measured for the next decision."""
+        if figures.kind == "bsp":
+            self.note(figures.step, figures.times, figures.local_batch, figures.seconds)
+
+    def finish(self, last) -> tuple:
+        """Summary figures, the trace, then stop every rank; ``(first step, last step,
+        train seconds)``. **Collective** over the workers."""
+        t = self.trainer
         waits = t.topology.workers.gather(self.channel.wait_seconds, root=0)
         self.channel.close()
-        t.summary_extra = json_safe({"consistency": "auto", "auto": self.policy.history,
-                                     "auto_final": self.policy.consistency,
-                                     "auto_decision_wait_s": waits, **t.summary_extra})
-        t.runtime.finish()
+        t.summary_extra.update(json_safe({"consistency": "auto", "auto": self.policy.history,
+                                          "auto_final": self.policy.consistency,
+                                          "auto_decision_wait_s": waits}))
+        path = t.write_trace()
+        if path is not None:
+            t.summary_extra["trace"] = path
         if t.collect:
-            t.parameters = t._read_parameters()
-        t.commands.run("stop", preempted=t.stopped)
-        return t._finish(start_step, t._loop["last"], t._loop["seconds"], wall_start)
+            t.parameters = t.read_parameters()
+        t.engine.commands.run("stop", preempted=t.loop.stopped)
+        return self.start_step, last, self.bsp.seconds + self.relaxed_seconds
 
     def _segment_end(self, step) -> int:
         """A BSP segment's last step (its length, cut at the end); a relaxed phase's (the
@@ -173,54 +188,6 @@ class AutoRun:
         its loss, in a relaxed phase)."""
         self.figures.append((int(step), times["data"] + times["compute"], int(local_batch),
                              float(seconds), loss))
-
-    # ------------------------------------------------------------ ssp:S
-    def _relaxed_segment(self, first, end, metrics) -> None:
-        """Steps ``first..`` as one ssp phase up to ``end`` (the run's end, a checkpoint or
-        an evaluation) or to a decision that leaves ``ssp:S``; **collective** (every rank).
-
-        The segments inside it end without a stop: their decisions travel through
-        the :class:`~hpcpax.app.auto_channel.DecisionChannel` and take effect at
-        the same step on every worker (batch shares in place); a decision that
-        leaves ``ssp:S`` ends the phase just before its step.
-        """
-        t, rr = self.trainer, self.relaxed_run
-        topo = t.topology
-        began = time.perf_counter()
-        t.commands.run("auto_staleness", staleness=self.policy.staleness)
-        t.commands.run("relaxed_load_dense")
-        clock = first - 1
-        rr.phase += 1
-        t.commands.run("relaxed", phase=rr.phase, clocks=[clock] * topo.num_workers,
-                       budget=None)
-        self.phase_staleness, self.phase_end = self.policy.staleness, end
-        self._start_segment(first, end)
-        t.runtime.timeline.span(f"ssp:{self.phase_staleness} phase start", began,
-                                time.perf_counter(), {"step": first}, cat="auto")
-        stop = end
-        while True:
-            with t.watchdog.guard(f"step {clock + 1}"):
-                stop = min(stop, self._in_phase(clock))
-                if self.relaxed.boundary(stop, t.preemption.requested):
-                    break
-                rr._step(clock + 1)
-            clock += 1
-            record = rr.records[-1]
-            self.note(clock, record["time"], record["batch"], record["seconds"],
-                      record["loss"])
-            if clock == self.boundary:
-                self.channel.send_figures(clock, self._segment_figures(clock))
-                self.waiting = clock
-            for hook in t.hooks:
-                hook(t, clock)
-        ending = time.perf_counter()
-        self.relaxed.end()
-        with t.watchdog.guard(f"auto: decision after step {clock}"):
-            self._settle()
-        with t.watchdog.guard(f"auto: ssp segment end at step {clock}"):
-            self._segment_barrier(clock, began, metrics)
-        t.runtime.timeline.span(f"ssp:{self.phase_staleness} phase end", ending,
-                                time.perf_counter(), {"step": clock}, cat="auto")
 
     def _start_segment(self, first, end) -> None:
         """A segment begins at step ``first`` (left out of its figures) inside a phase."""
@@ -261,7 +228,7 @@ class AutoRun:
             if gathered is None:
                 return
             policy = copy.deepcopy(self.policy)  # in force only from its step, like elsewhere
-            decision = None if t.stopped else self._policy_decide(policy, boundary, gathered)
+            decision = None if t.loop.stopped else self._policy_decide(policy, boundary, gathered)
             effective = boundary + self.phase_staleness + LEAD
             if decision is not None:
                 decision["applies_from"] = effective
@@ -283,30 +250,6 @@ class AutoRun:
             self.scheduled = None
             self._apply(state, decision)
 
-    def _segment_barrier(self, clock, began, metrics) -> None:
-        """After an ssp phase (every rank): metrics, dense back, evaluation, checkpoint."""
-        from ..comm.reductions import any_rank
-
-        t = self.trainer
-        topo, config = t.topology, t.config
-        clocks = topo.workers.allgather(clock)
-        signalled = any_rank(topo.workers, t.preemption.requested)
-        self.relaxed_run._flush(metrics, clocks, final=True)
-        t.commands.run("relaxed_fetch_dense")
-        last = min(clocks)  # ssp: every worker stops at the same clock
-        t._loop["seconds"] += time.perf_counter() - began
-        t._loop["last"] = last
-        every = config["eval_every"]
-        if every and (last % every == 0 or last == config["steps"]):
-            metrics.write({"step": last, "eval": t.evaluate(last)})
-        every = config["checkpoint_every"]
-        if signalled:
-            t.stopped = True
-            t.log(f"preemption signal: checkpoint after step {last}, then exit", important=True)
-            t.save_checkpoint(last)
-        elif every and (last % every == 0 or last == config["steps"]):
-            t.save_checkpoint(last)
-
     # --------------------------------------------------------- decisions
     def _decide(self, first, last) -> None:
         """After a BSP segment: gather its figures, decide on the first worker, apply
@@ -317,7 +260,7 @@ class AutoRun:
         self.figures = []
         gathered = topo.workers.gather(mine, root=0)
         decision = None
-        if t.is_leader and not t.stopped:
+        if t.is_leader and not t.loop.stopped:
             losses = t.losses[-(last - first + 1):]
             decision = self._policy_decide(self.policy, last, gathered, losses,
                                            list(range(last - len(losses) + 1, last + 1)))
@@ -356,11 +299,155 @@ class AutoRun:
         if decision is None:
             return
         self.metrics.write({"step": decision["step"], "auto": decision})
-        t.planning.runtime["consistency_auto"] = self.policy.history
+        t.engine.planning.runtime["consistency_auto"] = self.policy.history
         t.write_plan()
-        t.runtime.timeline.instant(f"auto: {decision['to']}", decision)
+        t.timeline.instant(f"auto: {decision['to']}", decision)
         since = (f" (from step {decision['applies_from']})" if "applies_from" in decision
                  else "")
         t.log(f"auto: step {decision['step']}: {decision['from']} -> {decision['to']}"
               f"{since}: {decision['reason']}", important=True)
 
+
+class _BSPSegment:
+    """A BSP segment of an ``auto`` run: the run's BSP steps, then a decision."""
+
+    def __init__(self, auto):
+        self.auto, self.bsp = auto, auto.bsp
+        self.first = None
+
+    def label(self, step) -> str:
+        """The watchdog's name for ``step``."""
+        return self.bsp.label(step)
+
+    def begin(self, first, end) -> None:
+        """Steps ``first..end`` (local)."""
+        self.first = first
+        self.bsp.begin(first, end)
+
+    def stop_before(self, step) -> bool:
+        """True past the segment's end or once the run stopped."""
+        return self.bsp.stop_before(step)
+
+    def step(self, step) -> StepFigures:
+        """One BSP step."""
+        return self.bsp.step(step)
+
+    def record(self, figures) -> None:
+        """Its metrics, evaluation, checkpoint."""
+        self.bsp.record(figures)
+
+    def after(self, step, runner) -> int:
+        """The user's hooks (no planner: ``auto`` runs a fixed plan)."""
+        t = self.auto.trainer
+        if not t.loop.stopped:
+            for hook in t.hooks:
+                hook(t, step)
+        return step
+
+    def end(self, last) -> int:
+        """Gather the segment's figures and decide; **collective** over the workers."""
+        t = self.auto.trainer
+        last = self.bsp.last
+        deciding = time.perf_counter()
+        with t.watchdog.guard(f"auto: decision after step {last}"):
+            self.auto._decide(self.first, last)
+        t.timeline.span("auto decision", deciding, time.perf_counter(), {"step": last},
+                        cat="auto")
+        return last
+
+
+class _RelaxedSegment:
+    """An ``ssp:S`` phase of an ``auto`` run, from a step up to the run's end, a
+    checkpoint or an evaluation, or to a decision that leaves ``ssp:S``.
+
+    The segments inside it end without a stop: their decisions travel through
+    the :class:`~hpcpax.app.auto_channel.DecisionChannel` and take effect at
+    the same step on every worker (batch shares in place); a decision that
+    leaves ``ssp:S`` ends the phase just before its step.
+    """
+
+    def __init__(self, auto):
+        self.auto = auto
+        self.steps = auto.relaxed_steps
+        self.stop = self.began = None
+
+    def label(self, step) -> str:
+        """The watchdog's name for ``step``."""
+        return f"step {step}"
+
+    def begin(self, first, end) -> None:
+        """Every rank enters the phase; **collective**."""
+        auto, t = self.auto, self.auto.trainer
+        self.began = time.perf_counter()
+        t.engine.commands.run("auto_staleness", staleness=auto.policy.staleness)
+        t.engine.commands.run("relaxed_load_dense")
+        self.steps.enter_phase([first - 1] * t.topology.num_workers, None)
+        auto.phase_staleness, auto.phase_end = auto.policy.staleness, end
+        auto._start_segment(first, end)
+        t.timeline.span(f"ssp:{auto.phase_staleness} phase start", self.began,
+                        time.perf_counter(), {"step": first}, cat="auto")
+        self.stop = end
+
+    def stop_before(self, step) -> bool:
+        """Move the pending decision on; True where the phase ends."""
+        auto = self.auto
+        self.stop = min(self.stop, auto._in_phase(step - 1))
+        return auto.relaxed.boundary(self.stop, auto.trainer.preemption.requested)
+
+    def step(self, step) -> StepFigures:
+        """One relaxed step."""
+        return self.steps.step(step)
+
+    def record(self, figures) -> None:
+        """Keep its record for the phase's metrics."""
+        self.steps.record(figures)
+
+    def after(self, clock, runner) -> int:
+        """Measure the step, send the segment's figures at its end, the user's hooks."""
+        auto, t = self.auto, self.auto.trainer
+        record = self.steps.records[-1]
+        auto.note(clock, record["time"], record["batch"], record["seconds"], record["loss"])
+        if clock == auto.boundary:
+            auto.channel.send_figures(clock, auto._segment_figures(clock))
+            auto.waiting = clock
+        for hook in t.hooks:
+            hook(t, clock)
+        return clock
+
+    def end(self, clock) -> int:
+        """The phase ends: the pending decision, then the barrier; the last step."""
+        auto, t = self.auto, self.auto.trainer
+        ending = time.perf_counter()
+        auto.relaxed.end()
+        with t.watchdog.guard(f"auto: decision after step {clock}"):
+            auto._settle()
+        with t.watchdog.guard(f"auto: ssp segment end at step {clock}"):
+            last = self._barrier(clock)
+        t.timeline.span(f"ssp:{auto.phase_staleness} phase end", ending,
+                        time.perf_counter(), {"step": clock}, cat="auto")
+        return last
+
+    def _barrier(self, clock) -> int:
+        """After an ssp phase (every rank): metrics, dense back, evaluation, checkpoint."""
+        from ..comm.reductions import any_rank
+
+        auto, t = self.auto, self.auto.trainer
+        topo, config = t.topology, t.config
+        clocks = topo.workers.allgather(clock)
+        signalled = any_rank(topo.workers, t.preemption.requested)
+        self.steps.flush(auto.metrics, clocks, final=True)
+        t.engine.commands.run("relaxed_fetch_dense")
+        last = min(clocks)  # ssp: every worker stops at the same clock
+        auto.relaxed_seconds += time.perf_counter() - self.began
+        auto.bsp.last = last
+        every = config["eval_every"]
+        if every and (last % every == 0 or last == config["steps"]):
+            auto.metrics.write({"step": last, "eval": t.evaluate(last)})
+        every = config["checkpoint_every"]
+        if signalled:
+            t.loop.stopped = True
+            t.log(f"preemption signal: checkpoint after step {last}, then exit", important=True)
+            t.save_checkpoint(last)
+        elif every and (last % every == 0 or last == config["steps"]):
+            t.save_checkpoint(last)
+        return last

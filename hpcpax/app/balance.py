@@ -315,7 +315,7 @@ class BatchBalancer:
 
     def resume(self, path) -> None:
         """Take the shares saved in checkpoint ``path``; **collective** over the workers."""
-        from .checkpoint import read_meta
+        from .checkpoint_files import read_meta
 
         state = read_meta(path).get("batch_shares") if self.index == 0 else None
         self.load(self.topology.workers.bcast(state, root=0))

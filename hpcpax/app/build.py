@@ -1,4 +1,4 @@
-"""Building a run from its config: run directory, plan requests, variables.
+"""Building a run from its config: run directory, sparse specs, dense variables.
 
 (The model and the data readers: :mod:`hpcpax.app.datasets`.)
 
@@ -15,10 +15,9 @@ import time
 import numpy as np
 
 from ..errors import CheckpointError, ConfigError
-from ..sync.methods import method_of, names as method_names
-from .config import PLAN_MODES, load_plan_file, normalize_plan
+from ..sync.methods import method_of
 
-__all__ = ["prepare_run_dir", "run_in", "plan_requests", "sparse_specs", "dense_variables",
+__all__ = ["prepare_run_dir", "run_in", "sparse_specs", "dense_variables", "dense_shapes",
            "check_dense_memory",
            "config_lines"]
 
@@ -35,7 +34,7 @@ def prepare_run_dir(topology, config) -> tuple:
     :class:`~hpcpax.errors.ConfigError` (the write probe's
     :class:`~hpcpax.errors.CheckpointError`) on every rank.
     """
-    from .checkpointing import check_writable
+    from .run_checkpoints import check_writable
 
     path = error = note = None
     disk = False  # the error is the write check's (a CheckpointError)
@@ -57,7 +56,7 @@ def prepare_run_dir(topology, config) -> tuple:
 
 
 def _claim_run_dir(config) -> tuple:
-    from .checkpoint import list_checkpoints
+    from .checkpoint_files import list_checkpoints
 
     path = config["run_dir"]
     if not path:
@@ -85,7 +84,7 @@ def _claim_run_dir(config) -> tuple:
 
 def run_in(path) -> str | None:
     """What run ``path`` holds, in words (None when it holds none). Local."""
-    from .checkpoint import list_checkpoints
+    from .checkpoint_files import list_checkpoints
     from .metrics import read_metrics
 
     found = []
@@ -101,43 +100,6 @@ def run_in(path) -> str | None:
     return ", ".join(found) or None
 
 
-def plan_requests(spec, names) -> tuple:
-    """``(mode, {name: request})`` for a ``--plan`` value (or a plan override). Local.
-
-    ``mode`` is ``auto``/``hybrid`` (measured: every variable starts on the
-    parameter server) or None; requests are
-    :func:`~hpcpax.app.config.normalize_plan` entries.
-
-    Raises:
-        ConfigError: the plan names a variable the model does not have.
-    """
-    if isinstance(spec, str) and spec in PLAN_MODES:
-        return spec, {name: {"method": "ps"} for name in names}
-    if isinstance(spec, str) and spec in method_names():
-        return None, {name: {"method": spec} for name in names}
-    plan = load_plan_file(spec) if isinstance(spec, str) else normalize_plan(dict(spec))
-    unknown = sorted(set(plan) - set(names))
-    if unknown:
-        raise ConfigError(f"plan names unknown sparse variable {unknown[0]!r}; the model "
-                          f"has {names}")
-    return None, {name: plan.get(name, {"method": "ps"}) for name in names}
-
-
-def hot_rows_requests(requests, setting) -> dict:
-    """``{name: hot-rows entry}`` a plan file gives, every ``ps`` variable off for ``off``.
-
-    Local. Raises :class:`ConfigError` for a bad entry (the same on every rank).
-    """
-    from ..plan.plan import check_hot_rows
-
-    off = {"min_nodes": 0, "min_saved_bytes": [], "reason": "hot rows: off (--hot-rows off)"}
-    return {name: off if setting == "off" else check_hot_rows(r["hot_rows"],
-                                                              f"plan[{name!r}].hot_rows")
-            for name, r in requests.items()
-            if method_of(r.get("method") or "ps").on_servers
-            and (setting == "off" or r.get("hot_rows") is not None)}
-
-
 def sparse_specs(model, config) -> list:
     """The model's sparse variables as :class:`~hpcpax.ps.spec.SparseVariableSpec` s. Local."""
     from ..ps.spec import SparseVariableSpec
@@ -151,23 +113,25 @@ def sparse_specs(model, config) -> list:
 
 
 def dense_variables(topology, model, config, xp) -> tuple:
-    """``(params, optimizer, optimizer state, DenseAllreduce)`` of the dense variables.
+    """``(params, optimizer, optimizer state)`` of the dense variables. Local.
 
-    **Collective** over the workers (the allreduce checks every worker
-    registered the same tensors); servers get empty dicts and no allreduce.
+    Servers get empty dicts (the workers hold the dense replicas); the
+    allreduce is the engine's (:func:`~hpcpax.engine.engine.build_engine`).
     """
-    from ..comm.allreduce import DenseAllreduce
     from ..ops.optimizers import make_optimizer
 
     optimizer = make_optimizer(config["optimizer"], lr=config["lr"])
     check_dense_memory(model.dense_shapes(), model.dtype, len(optimizer.row_slots))
     if not topology.is_worker:
-        return {}, optimizer, {}, None
+        return {}, optimizer, {}
     params = {k: xp.asarray(v) for k, v in model.init_dense().items()}
     state = {name: optimizer.init_state(p.shape, p.dtype, xp) for name, p in params.items()}
-    allreduce = DenseAllreduce(topology, {n: (p.shape, p.dtype) for n, p in params.items()},
-                               op="mean", bucket_bytes=config["bucket_bytes"] or None)
-    return params, optimizer, state, allreduce
+    return params, optimizer, state
+
+
+def dense_shapes(model) -> dict:
+    """``{name: (shape, dtype)}`` of the model's dense parameters, in order. Local."""
+    return {name: (tuple(shape), model.dtype) for name, shape in model.dense_shapes().items()}
 
 
 def check_dense_memory(shapes, dtype, row_slots) -> None:

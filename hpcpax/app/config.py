@@ -18,15 +18,10 @@ from dataclasses import dataclass
 from ..errors import ConfigError
 from ..options import parse_bytes
 from ..sync import METHODS
-from .plan_file import load_plan_file, normalize_plan
+from ..engine.plan_requests import PLAN_MODES, load_plan_file, normalize_plan
 
 __all__ = ["FLAGS", "MODEL_FLAGS", "TRAINING_KEYS", "PLAN_MODES", "parse_args", "resolve",
            "load_toml", "model_kwargs", "normalize_plan", "load_plan_file"]
-
-#: ``--plan`` values that measure before deciding (the rest are a method for
-#: every sparse variable, or a plan file).
-PLAN_MODES = ("auto", "hybrid")
-
 
 @dataclass(frozen=True)
 class Flag:

@@ -27,12 +27,12 @@ call per step phase, for codes that compute their own forward and backward
   :meth:`ModelSync.allreduce` at once, or :meth:`ModelSync.ready` per tensor
   as the backward pass produces it and :meth:`ModelSync.wait` (overlap).
 - :meth:`ModelSync.save` / :meth:`ModelSync.load` write and read the HDF5
-  checkpoints of :mod:`hpcpax.app.checkpoint` (rows by global id: resumable
+  checkpoints of :mod:`hpcpax.app.checkpoint_files` (rows by global id: resumable
   on another layout or plan).
 
 Server ranks follow the workers in :meth:`ModelSync.serve`; collective things
 the servers must join (a method switch, a checkpoint, loading a table) reach
-them through a :class:`~hpcpax.app.commands.CommandChannel`.
+them through a :class:`~hpcpax.engine.commands.CommandChannel`.
 """
 
 from __future__ import annotations
@@ -42,22 +42,21 @@ import os
 import numpy as np
 
 from ..backend import to_host
-from ..errors import ConfigError
-from . import model_state as state
+from ..errors import CheckpointError, ConfigError
+from . import checkpoint_files as ckpt
 
 __all__ = ["ModelSync"]
 
-class _Tensor:
-    """Shape and dtype of a dense tensor (what the planner reads)."""
-
-    def __init__(self, shape, dtype):
-        self.shape, self.dtype = tuple(shape), np.dtype(dtype)
+#: Bytes per broadcast when a table goes from the first worker to its holders.
+BCAST_CHUNK = 1 << 28
 
 
 class ModelSync:
     """Every variable of one model, synchronized step by step.
 
-    Construction is **collective** over every rank of the job (servers too).
+    Construction is **collective** over every rank of the job (servers too);
+    the machinery is an :class:`~hpcpax.engine.engine.Engine` (:attr:`engine`)
+    made by :func:`~hpcpax.engine.engine.build_engine`, as the trainer's is.
 
     Args:
         tables: the sparse tables, a list of
@@ -99,13 +98,8 @@ class ModelSync:
         from ..comm.fusion import parse_tensors
         from ..comm.topology import init
         from ..comm.watchdog import Watchdog
-        from ..tune.controller import PlanController
-        from ..ps.server import ParameterServer
+        from ..engine import EngineSettings, PlanSettings, build_engine, resolve_plan
         from ..ps.spec import SparseVariableSpec
-        from ..sync.dense_buckets import BucketedAllreduce
-        from ..sync.sparse_set import SparseSync
-        from .build import plan_requests
-        from .commands import CommandChannel
 
         specs = list(tables)
         for spec in specs:
@@ -116,70 +110,57 @@ class ModelSync:
         if len(set(names)) != len(names):
             raise ValueError(f"table names must be unique, not {names}")
         dense_names, shapes, dtypes = parse_tensors(dense if dense is not None else {})
-        if not isinstance(plan_steps, int) or plan_steps < 1:
-            raise ValueError(f"plan_steps must be a positive int, not {plan_steps!r}")
-        mode, requests = plan_requests(plan, names)
+        settings = EngineSettings(
+            local_aggregation=local_aggregation, seed=seed, timeout=timeout, dense_op=dense_op,
+            bucket_bytes=bucket_bytes, overlap=True,
+            plan=PlanSettings(plan_steps=plan_steps, replan_every=int(replan_every),
+                              replan_threshold=float(replan_threshold),
+                              fabric_seconds=float(fabric_seconds),
+                              plan_calibrate=bool(plan_calibrate)))
+        request = resolve_plan(plan, names)
         self.topology = topology if topology is not None else init()
         self._own_topology = topology is None
+        self.watchdog = None
         try:
             topo = self.topology
-            self.config = {"plan_steps": plan_steps, "partition_search": False,
-                           "replan_every": int(replan_every), "steps": 1 << 62,
-                           "replan_threshold": float(replan_threshold),
-                           "fabric_seconds": float(fabric_seconds),
-                           "plan_calibrate": bool(plan_calibrate)}
             self.run_dir, self.quiet = run_dir, bool(quiet)
             self.is_leader = topo.is_worker and topo.worker_index == 0
-            self.stopped = False
             #: Pushes done (the step count the planner sees).
             self.steps = 0
-            label = plan if isinstance(plan, str) else "table"
-            if mode is not None and topo.num_workers == 1:
-                # nothing moves between workers, nothing to measure: the worker
-                # holds whole every table a replica can (it reads it in place, no
-                # exchange with a server at all: pure cost with one worker), the
-                # server ranks hold the larger ones
-                from ..ps.memory import fits_whole
-
-                requests = {s.name: {"method": "allgather" if fits_whole(s)
-                                     or not topo.server_ranks else "ps"} for s in specs}
-                picked = sorted({r["method"] for r in requests.values()})
-                mode, label = None, f"{plan} (one worker: {'/'.join(picked) or 'none'})"
+            if request.mode is not None and topo.num_workers == 1:
+                request = _one_worker(request, specs, topo, plan)
             check_same(topo.comm, "model sync set-up", {
-                "tables": [s.to_dict() for s in specs], "plan": repr(sorted(requests.items())),
-                "mode": mode, "dense": [[n, list(s), d.name] for n, s, d in
-                                        zip(dense_names, shapes, dtypes)]})
+                "tables": [s.to_dict() for s in specs],
+                "plan": repr(sorted(request.requests.items())), "mode": request.mode,
+                "dense": [[n, list(s), d.name] for n, s, d in zip(dense_names, shapes, dtypes)]})
             self.watchdog = Watchdog(topo.comm, timeout, role=topo.role)
             self.job_id = topo.comm.bcast(os.environ.get("SLURM_JOB_ID") or str(os.getpid()),
                                            root=0)
-            self.ps = ParameterServer(topo, local_aggregation=local_aggregation, seed=seed)
-            self.ps.watchdog = self.watchdog
-            self.sync = SparseSync(topo, self.ps, specs, requests, seed=seed)
-            #: ``{name: tensor shape and dtype}`` of the dense tensors.
-            self.dense = {n: _Tensor(s, d) for n, s, d in zip(dense_names, shapes, dtypes)}
-            self.planning = PlanController(self, mode, label=label)
-            with self.watchdog.guard("set-up: model sync"):
-                self.planning.measure_fabric()
-                self.sync.register_collective()
-                state.load_initial(self, initial)
-                self.dense_sync = None
-                if topo.is_worker:
-                    self.dense_sync = BucketedAllreduce(
-                        topo, {n: (s, d) for n, s, d in zip(dense_names, shapes, dtypes)},
-                        bucket_bytes=bucket_bytes, op=dense_op, fabric=self.planning.fabric)
-            self.commands = CommandChannel(topo, self.ps, {
-                "switch": self.sync.switch, "save": self._save_command,
-                "load": self._load_command, "set_table": self._set_table_command,
-                "hot_rows": self.ps.set_hot_rows})  # a plan's hot-row decisions (every rank)
-            self._step_ids = {}
             self._pending = None
+            with self.watchdog.guard("set-up: model sync"):
+                #: The :class:`~hpcpax.engine.engine.Engine` (parameter server, synchronizers,
+                #: dense allreduce, planner, commands, watchdog).
+                self.engine = build_engine(
+                    topo, specs, request, settings,
+                    dense={n: (s, d) for n, s, d in zip(dense_names, shapes, dtypes)},
+                    watchdog=self.watchdog, run_dir=run_dir, log=self.log,
+                    commands={"save": self._save_command, "load": self._load_command,
+                              "set_table": self._set_table_command},
+                    before_dense=lambda engine: (engine.sync.register_collective(),
+                                                 self._load_initial(engine, initial)))
+            engine = self.engine
+            self.ps, self.sync, self.planning = engine.ps, engine.sync, engine.planning
+            self.commands, self.dense_sync = engine.commands, engine.dense_sync
+            #: ``{name: tensor shape and dtype}`` of the dense tensors.
+            self.dense = engine.dense
+            self._step_ids = {}
             self._finished = False
             if topo.is_worker:
                 self.planning.start(1)
                 self.write_plan()
         except BaseException:
             # every rank fails here together (errors are agreed): undo together
-            if getattr(self, "watchdog", None) is not None:
+            if self.watchdog is not None:
                 self.watchdog.close()
             if self._own_topology:
                 self.topology.free()
@@ -203,7 +184,7 @@ class ModelSync:
 
     def methods(self) -> dict:
         """``{table: method}`` now (local)."""
-        return {name: var.method for name, var in self.sync.variables.items()}
+        return self.engine.methods()
 
     def log(self, text, everyone=False, important=False) -> None:
         """Print on the first worker unless ``quiet`` (the planner's reports)."""
@@ -212,9 +193,7 @@ class ModelSync:
 
     def write_plan(self) -> None:
         """Save the plan in force as ``run_dir/plan.json`` (first worker; local)."""
-        if self.is_leader and self.run_dir:
-            os.makedirs(self.run_dir, exist_ok=True)
-            self.plan.save(os.path.join(self.run_dir, "plan.json"))
+        self.engine.write_plan()
 
     # ----------------------------------------------------------------- steps
     def pull(self, ids_by_name, record=True) -> dict:
@@ -298,17 +277,11 @@ class ModelSync:
     # --------------------------------------------------------- plan (planner)
     def switch_method(self, name, method) -> None:
         """Move table ``name`` to ``method`` exactly; **collective** (workers; servers join)."""
-        self.commands.run("switch", name=name, method=method)
-        self.write_plan()
+        self.engine.switch_method(name, method)
 
     def repartition(self, name, partitions, owners=None) -> None:
         """Move ``ps`` table ``name`` to ``partitions`` partitions; **collective** (workers)."""
-        self.sync[name].repartition(int(partitions), owners)
-        self.write_plan()
-
-    def loop_step(self, step):  # pragma: no cover - the planner's search is off here
-        """Not available: the partition search needs the trainer's loop (raises ConfigError)."""
-        raise ConfigError("the partition search needs the trainer's loop")
+        self.engine.repartition(name, partitions, owners)
 
     # ------------------------------------------------- tables and checkpoints
     def set_table(self, name, values) -> None:
@@ -351,18 +324,95 @@ class ModelSync:
             CheckpointError: on every rank, naming the damaged file, a
                 missing table or rows of another shape.
         """
-        return self.commands.run("load", path=state.find_checkpoint(self, path))
+        return self.commands.run("load", path=self._find_checkpoint(path))
 
     def _set_table_command(self, name):
         first = self.topology.rank == self.topology.worker_ranks[0]
-        state.set_table(self, name, self._pending if first else None)
+        self._set_table(self.engine, name, self._pending if first else None)
 
     def _save_command(self, run_dir, step, meta, keep):
-        return state.write_checkpoint(self, run_dir, step, meta, keep,
-                                      self._pending if self.is_leader else None)
+        """Write one checkpoint; **collective** (every rank). Dense from the first worker."""
+        topo = self.topology
+        meta = {**meta, "plan": self.plan.to_dict(), "topology": topo.describe(),
+                "tables": [var.spec.to_dict() for var in self.sync.variables.values()]}
+        return ckpt.save(topo.comm, run_dir, step,
+                         dense=self._pending if self.is_leader else None,
+                         sparse=self.sync.checkpoint_rows(), meta=meta, keep=keep,
+                         job_id=self.job_id)
+
+    def _find_checkpoint(self, path) -> str:
+        """``path``, or the newest checkpoint of run directory ``path``; **collective**
+        (workers)."""
+        path = os.fspath(path)
+        if os.path.isfile(os.path.join(path, ckpt.MANIFEST)):
+            return path
+        found = ckpt.latest(path) if self.is_leader else None
+        found = self.topology.workers.bcast(found, root=0)
+        if found is None:
+            raise CheckpointError(f"{path}: no complete checkpoint there")
+        return found
 
     def _load_command(self, path):
-        return state.read_checkpoint(self, path)
+        """Restore the tables' rows; **collective** (every rank). ``(step, dense params,
+        dense state, meta)`` on workers, None on servers."""
+        topo = self.topology
+        ckpt.verify(path, topo.comm)
+        meta = ckpt.read_meta(path)
+        error = None
+        try:
+            self.sync.restore_rows(lambda name, keep: ckpt.load_matching(
+                path, name, keep, dim=self.sync[name].spec.dim))
+        except CheckpointError as exc:
+            error = str(exc)
+        errors = [e for e in topo.comm.allgather(error) if e]
+        if errors:
+            raise CheckpointError(errors[0])
+        if not topo.is_worker:
+            return None
+        params, state = ckpt.load_dense(path)
+        return int(meta["step"]), params, state, meta
+
+    # ------------------------------------------------------ whole tables in
+    @classmethod
+    def _load_initial(cls, engine, initial) -> None:
+        """Starting values ``{table: array}`` of the first worker; **collective** (every rank)."""
+        topo = engine.topology
+        first = topo.worker_ranks[0]
+        names = None
+        if topo.rank == first:
+            initial = dict(initial or {})
+            unknown = sorted(set(initial) - set(engine.sync.variables))
+            names = ([n for n in engine.sync.variables if n in initial] if not unknown
+                     else f"initial values for unknown tables {unknown}")
+        names = topo.comm.bcast(names, root=first)
+        if isinstance(names, str):
+            raise ConfigError(names)
+        for name in names:
+            cls._set_table(engine, name, initial[name] if topo.rank == first else None)
+
+    @staticmethod
+    def _set_table(engine, name, values) -> None:
+        """Whole table ``name`` from the first worker into its holders (PS owners or every
+        replica); rows only, the optimizer state kept. **Collective** (every rank);
+        ``values`` is read on the first worker only."""
+        topo, var = engine.topology, engine.sync[name]
+        spec = var.spec
+        first = topo.worker_ranks[0]
+        error = None
+        if topo.rank == first:
+            values = np.ascontiguousarray(to_host(values))
+            if values.shape != (spec.rows, spec.dim) or values.dtype != np.dtype(spec.dtype):
+                error = (f"table {name!r} must be {np.dtype(spec.dtype)} of shape "
+                         f"{(spec.rows, spec.dim)}, not {values.dtype} {values.shape}")
+        error = topo.comm.bcast(error, root=first)
+        if error:
+            raise ValueError(error)
+        table = values if topo.rank == first else np.empty((spec.rows, spec.dim), spec.dtype)
+        flat = table.reshape(-1)
+        chunk = max(1, BCAST_CHUNK // flat.itemsize)
+        for start in range(0, flat.size, chunk):
+            topo.comm.Bcast(flat[start:start + chunk], root=first)
+        var.load_whole(table)  # the owners' rows, or the replica
 
     # ---------------------------------------------------------------- finish
     def serve(self) -> None:
@@ -385,3 +435,17 @@ class ModelSync:
         self.watchdog.close()
         if self._own_topology:
             self.topology.free()
+
+
+def _one_worker(request, specs, topology, plan):
+    """A measured plan with a single worker: nothing moves between workers, nothing to
+    measure. The worker holds whole every table a replica can (it reads it in place, no
+    exchange with a server at all: pure cost with one worker), the server ranks hold the
+    larger ones. Local."""
+    from ..engine import PlanRequest
+    from ..ps.memory import fits_whole
+
+    requests = {s.name: {"method": "allgather" if fits_whole(s) or not topology.server_ranks
+                         else "ps"} for s in specs}
+    picked = sorted({r["method"] for r in requests.values()})
+    return PlanRequest(None, requests, f"{plan} (one worker: {'/'.join(picked) or 'none'})")

@@ -44,7 +44,7 @@ from .metrics import json_safe
 
 __all__ = ["Timeline", "ServedOps", "PHASE_ORDER", "load_trace"]
 
-#: The order in which :meth:`hpcpax.app.trainer.Trainer.train_step` runs its
+#: The order in which :meth:`hpcpax.app.bsp_step.BSPSteps.step` runs its
 #: phases (each phase's seconds are contiguous laps of one clock).
 PHASE_ORDER = ("data", "pull", "compute", "push", "dense", "optimizer")
 

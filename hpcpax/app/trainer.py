@@ -1,21 +1,22 @@
-"""The training loop on hpcpax's primitives, reusable in-process: :class:`Trainer`.
+"""One run of ``python -m hpcpax.train``, reusable in-process: :class:`Trainer`.
 
-Roles (see :mod:`hpcpax.comm.topology`): server ranks follow the workers in
-:meth:`~hpcpax.ps.server.ParameterServer.serve`; workers run BSP steps::
+The trainer sets a run up and tears it down; the steps are the loop's
+(:mod:`hpcpax.app.loop`). Set-up, in named watchdog phases: the device, the
+run directory, the model, the :class:`~hpcpax.engine.engine.Engine`
+(parameter server, sparse synchronizers, dense allreduce, planner,
+commands; from :func:`~hpcpax.engine.engine.build_engine`, as
+``ModelSync``'s), the dense parameters and their optimizer, the data. Then
+the consistency's schedule (:class:`~hpcpax.app.bsp_step.BSPSchedule`,
+:class:`~hpcpax.app.relaxed_run.RelaxedSchedule` or
+:class:`~hpcpax.app.auto_run.AutoSchedule`) prepares (resume, metrics), the
+:class:`~hpcpax.app.loop.TrainingLoop` runs its segments with the step hooks
+(:mod:`hpcpax.app.step_hooks`), and the schedule finishes (tables, trace,
+stop); the summary goes to ``summary.json`` and the run log.
 
-    batch  = reader.batch(step - 1, G, worker_index, num_workers)   # own shard
-    rows   = sync.pull(model.sparse_ids(batch))        # every sparse variable
-    result = model.forward_backward(dense, rows, batch)
-    sync.push(result.sparse_grads)                     # owners apply the optimizer
-    DenseAllreduce(mean) of dense grads; dense optimizer on every worker
-    one Allreduce of a small vector: loss x batch, phase times, bytes, preempt flag
-
-Each sparse variable is synced by its :class:`~hpcpax.sync.variable.VariableSync`
-(``ps``, ``allgather`` or ``allreduce``, as the plan says); the
-:class:`~hpcpax.tune.controller.PlanController` measures, plans and moves
-variables live. Things every rank must do together besides the steps
-(checkpoint, restore, switch, stop) go through a
-:class:`~hpcpax.app.commands.CommandChannel`.
+Server ranks follow the workers in
+:meth:`~hpcpax.engine.commands.CommandChannel.serve`. Things every rank must
+do together besides the steps (checkpoint, restore, switch, stop) go
+through the engine's command channel.
 
 Steps are numbered from 1; step ``s`` reads global batch ``s - 1``, and a
 checkpoint after step ``s`` resumes at ``s + 1`` (data readers are stateless).
@@ -29,23 +30,25 @@ import time
 from ..backend import to_host
 from ..comm.agreement import check_same
 from ..comm.watchdog import Watchdog
-from ..options import parse_bytes
-from ..tune.controller import PlanController
+from ..engine import EngineSettings, build_engine, resolve_plan
 from ..runlog.records import record_run
 from ..ps.memory import table_report
-from . import auto_run, build, relaxed_run
-from .checkpointing import RunCheckpoints
-from .commands import CommandChannel
+from . import build, relaxed_run
+from .balance import BatchBalancer
+from .bsp_step import BSPSchedule, BSPSteps
+from .run_checkpoints import RunCheckpoints
 from .config import resolve
 from .datasets import build_model, check_full_eval_memory, check_synthetic_memory, open_data
 from .device_choice import worker_device
 from .evaluation import evaluate
+from .loop import TrainingLoop
 from .metrics import MetricsWriter, ProgressBar, json_safe, read_metrics, write_json
 from .preemption import PreemptionHandler
-from .runtime import RunTime
+from .step_hooks import BalanceHook, TraceHook
+from .step_report import BYTE_PHASES, TIME_PHASES, summarize, summary_line
+from .stragglers import Stragglers
 from .throughput import steady_throughput, unsteady_steps
-from .step_report import (BYTE_PHASES, TIME_PHASES, PhaseClock, compute_step, reduce_step,
-                          step_record, summarize, summary_line)
+from .timeline import ServedOps, Timeline
 
 __all__ = ["Trainer", "TIME_PHASES", "BYTE_PHASES"]
 
@@ -78,11 +81,15 @@ class Trainer:
         self.summary = None
         self.losses = []
         self.is_leader = False
-        self.stopped = False
         #: True when the run stopped on a preemption signal (after checkpointing).
         self.preempted = False
         self._bar = None
         self.summary_extra = {}  # fields added to summary.json (a relaxed run's figures)
+        self.tables = {}
+        #: The :class:`~hpcpax.engine.engine.Engine` (set up by :meth:`run`).
+        self.engine = None
+        #: The :class:`~hpcpax.app.loop.TrainingLoop` (workers, once training starts).
+        self.loop = None
 
     # ---------------------------------------------------------------- output
     def log(self, text, everyone=False, important=False) -> None:
@@ -99,8 +106,12 @@ class Trainer:
 
     def write_plan(self) -> None:
         """Save the plan in force as ``plan.json`` (first worker; local)."""
-        if self.is_leader:
-            self.planning.current_plan().save(os.path.join(self.run_dir, "plan.json"))
+        self.engine.write_plan()
+
+    @property
+    def stopped(self) -> bool:
+        """True once a preemption signal stopped the loop (after its checkpoint)."""
+        return self.loop is not None and self.loop.stopped
 
     # ------------------------------------------------------------------- run
     def run(self) -> dict:
@@ -155,47 +166,33 @@ class Trainer:
         with setup("set-up: model and plan"):
             self._build()
         if topo.is_server:
-            self.commands.serve()  # a server notes signals; the workers decide
+            self.engine.serve()  # a server notes signals; the workers decide
             return self._finish(0, 0, 0.0, wall_start)
         if note:
             self.log(note, important=True)
         with setup("set-up: sparse tables"):
-            self.sync.register()
+            self.engine.sync.register()
             self.write_plan()
         with setup("set-up: checkpoints and data"):
-            for line in self.commands.run("check_disk"):
+            for line in self.engine.commands.run("check_disk"):
                 self.log(line, important=True)
             self.reader, self.eval_set = open_data(self.model, config)
-        if self.relaxed is not None:  # --consistency ssp|asp|psp|auto: relaxed_run, auto_run
-            return self.relaxed.run(wall_start)
-        start_step = self._resume() if config["resume"] else 1
-        if self.is_leader and not config["quiet"]:
-            print(build.config_lines(topo, self.run_dir, self.model, config,
-                                     self.sync.describe()), flush=True)
-        self._bar = ProgressBar(config["steps"], start_step - 1,
-                                self.is_leader and not config["quiet"])
-        metrics = MetricsWriter(os.path.join(self.run_dir, "metrics.jsonl"), self.is_leader,
-                                resumed_at=start_step - 1 if config["resume"] else None,
-                                job_id=self.job_id,
-                                log=lambda text: self.log(text, important=True))
-        self.planning.start(start_step, resumed=start_step > 1)
+        first = self.schedule.prepare(self._metrics_for)
+        metrics = self.metrics
+        hooks = [TraceHook(self.timeline),
+                 BalanceHook(self.balance, metrics, self.timeline, self.engine.planning)]
+        if config["consistency"] == "auto":
+            hooks.append(self.schedule)  # auto measures the BSP steps it decides from
+        self.loop = TrainingLoop(self.watchdog, self.schedule, hooks)
         try:
-            last, train_seconds = self._train_loop(start_step, metrics)
-            # rows held, created and evicted per ps table (every rank's shards)
-            self.tables = self.commands.run("tables")
+            last = self.loop.run(first)
+            start_step, last, train_seconds = self.schedule.finish(last)
         finally:
             metrics.close()
-        self.runtime.finish()  # the --trace file
-        if self.collect:
-            self.parameters = self._read_parameters()
-        self.commands.run("stop", preempted=self.stopped)
         return self._finish(start_step, last, train_seconds, wall_start)
 
     def _build(self) -> None:
-        """Model, plan, parameter server, synchronizers, dense state; **collective**."""
-        from ..ps.server import ParameterServer
-        from ..sync.sparse_set import SparseSync
-
+        """Model, engine, dense state, schedule, timeline; **collective**."""
         topo, config = self.topology, self.config
         self.model = build_model(config)
         here = sum(1 for rank in topo.worker_ranks if topo.node_of[rank] == topo.node)
@@ -203,166 +200,144 @@ class Trainer:
         check_full_eval_memory(self.model, config)
         specs = build.sparse_specs(self.model, config)
         spec = config["plan"] if self._plan_override is None else self._plan_override
-        spec = relaxed_run.plan_under(config, spec)
-        mode, requests = build.plan_requests(spec, [s.name for s in specs])
-        self.ps = ParameterServer(topo, local_aggregation=config["local_aggregation"],
-                                  seed=config["seed"])
-        self.ps.watchdog = self.watchdog  # each served operation is guarded
-        self.ps.memory_budget = parse_bytes(config["server_memory_budget"],
-                                            "server_memory_budget")
-        self.sync = SparseSync(topo, self.ps, specs, requests, seed=config["seed"])
-        self.ps.set_hot_rows(build.hot_rows_requests(requests, config["hot_rows"]))
-        self.dense, self.optimizer, self.dense_state, self.allreduce = build.dense_variables(
+        request = resolve_plan(relaxed_run.plan_under(config, spec), [s.name for s in specs])
+        self.dense, self.optimizer, self.dense_state = build.dense_variables(
             topo, self.model, config, self.device.xp)
-        self.planning = PlanController(self, mode, label=spec if isinstance(spec, str)
-                                       else "table")
-        self.planning.measure_fabric()
-        self.commands = CommandChannel(topo, self.ps, {
-            **self.checkpoints.handlers(self.sync, self.dense, self.dense_state,
+        self.engine = engine = build_engine(
+            topo, specs, request, EngineSettings.from_config(config),
+            dense=build.dense_shapes(self.model), watchdog=self.watchdog,
+            run_dir=self.run_dir, log=self.log)
+        engine.commands.handlers.update({
+            **self.checkpoints.handlers(engine.sync, self.dense, self.dense_state,
                                         self.optimizer, self.device.xp),
-            "switch": self.sync.switch, "stop": self._stop, "hot_rows": self.ps.set_hot_rows,
-            "tables": lambda: table_report(topo.comm, self.ps)})
-        self.relaxed = auto_run.setup(self)  # stragglers; relaxed server / auto if asked
-        self.runtime = RunTime(self)  # balanced BSP (--batch-shares), timeline (--trace)
+            "stop": self.note_stop, "trace": self._write_trace,
+            "tables": lambda: table_report(topo.comm, engine.ps)})
+        self.stragglers = Stragglers.for_topology(config, topo)
+        self.balance = BatchBalancer(config["batch_shares"], config["rebalance_every"], topo,
+                                     config["global_batch"], self.log)
+        self.schedule, self._relaxed_steps = self._make_schedule()
+        # every rank: servers get a track of the operations they serve (the start-up
+        # barrier of the trace is collective over every rank)
+        self.timeline = Timeline(config["trace"], topo, comm=topo.comm)
+        if self.timeline.enabled and topo.is_server and config["consistency"] in ("bsp", "auto"):
+            engine.ps.watchdog = ServedOps(engine.ps.watchdog, self.timeline)
         if topo.rank == 0:
             write_json(os.path.join(self.run_dir, "config.json"),
                        {**config, "model_config": self.model.config(),
                         "topology": topo.describe()})
 
+    def _make_schedule(self):
+        """The consistency's schedule and its relaxed steps (None under bsp); **collective**."""
+        from .auto_run import make_auto
+
+        config = self.config
+        self.bsp = BSPSteps(self)
+        if config["consistency"] == "auto":
+            auto = make_auto(self, self.bsp)
+            return auto, auto.relaxed_steps
+        if relaxed_run.is_relaxed(config["consistency"], list(self.engine.sync.variables)):
+            relaxed, rsync = relaxed_run.relaxed_parts(self, config["consistency"])
+            schedule = relaxed_run.RelaxedSchedule(self, relaxed, rsync)
+            return schedule, schedule.steps
+        return BSPSchedule(self, self.bsp), None
+
     # ------------------------------------------------------------ checkpoint
-    def save_checkpoint(self, step) -> str:
-        """Write a checkpoint after ``step`` steps; **collective** over the workers."""
-        meta = {"config": self.config,
+    def checkpoint_meta(self, step) -> dict:
+        """What every checkpoint's ``meta.json`` holds after ``step`` (local)."""
+        return {"config": self.config,
                 "training_fingerprint": self.checkpoints.training_fingerprint(),
                 "data_fingerprint": self.checkpoints.data_fingerprint,
                 "topology": self.topology.describe(),
-                "plan": self.planning.current_plan().to_dict(),
-                **self.runtime.checkpoint_meta(),  # batch shares, auto
+                "plan": self.engine.current_plan().to_dict(),
                 "data_position": step, "rng": "counter-based (seed, step): nothing to save",
                 "job_id": self.job_id}
-        path = self.commands.run("save", step=step, meta=json_safe(meta))
+
+    def save_checkpoint(self, step) -> str:
+        """Write a checkpoint after ``step`` steps; **collective** over the workers."""
+        meta = {**self.checkpoint_meta(step), "batch_shares": self.balance.state(),
+                **self.schedule.checkpoint_state()}
+        path = self.engine.commands.run("save", step=step, meta=json_safe(meta))
         self.log(f"checkpoint written: {path}", important=True)
         return path
 
-    def _stop(self, preempted=False):
+    def note_stop(self, preempted=False):
+        """The ``stop`` command: the run ends (on a preemption signal when ``preempted``)."""
         self.preempted = bool(preempted)
 
-    def _resume(self) -> int:
-        """Load the newest intact checkpoint (damaged ones skipped); the step to start at."""
+    def resume(self) -> int:
+        """Load the newest intact checkpoint (damaged ones skipped) and the balancer's and
+        the schedule's state in it; the step to start at. **Collective** over the workers."""
+        from .checkpoint_files import read_meta
+
         with self.watchdog.guard("set-up: resume"):  # bounded like a save inside a step
-            return self.runtime.resume(self.checkpoints.resume(self.commands, self.log))
+            step = self.checkpoints.resume(self.engine.commands, self.log)
+            path = self.checkpoints.resumed_from
+            if path is not None:
+                self.balance.resume(path)
+                self.schedule.restore(read_meta(path) if self.topology.worker_index == 0
+                                      else {})
+            return step
 
     # ------------------------------------------------------------------ steps
-    def _batch(self, position):
+    def batch(self, position):
         """This worker's shard of global batch ``position``, on its device."""
         batch = self.balance.batch(self.reader, position)  # even or balanced shares
         if self.device.kind == "gpu":
             batch = {k: self.device.xp.asarray(v) for k, v in batch.items()}
         return batch
 
-    def train_step(self, step):
-        """One BSP step on this worker; returns ``(loss, local batch, phase seconds)``.
-
-        **Collective** over the workers (and the servers, through the PS).
-        """
-        clock = PhaseClock(TIME_PHASES)
-        lap, times = clock.lap, clock.times
-        position = step - 1
-        batch = self._batch(position)
-        ids = self.model.sparse_ids(batch, position)
-        self.planning.observe(ids)
-        lap("data")
-        rows = self.sync.pull(ids)
-        lap("pull")
-        done = compute_step(self, rows, batch, position, step, clock)
-        self.sync.push(done.sparse)
-        lap("push")
-        self.allreduce.allreduce(done.dense)
-        lap("dense")
-        for name, param in self.dense.items():
-            self.optimizer.apply_dense(param, self.dense_state[name], done.dense[name])
-        lap("optimizer")
-        return done.loss, done.local_batch, times
-
-    def _train_loop(self, start_step, metrics):
-        self._loop = {"metrics": metrics, "previous": None, "seconds": 0.0,
-                      "last": start_step - 1}
-        step = start_step
-        while step <= self.config["steps"] and not self.stopped:
-            self.loop_step(step)
-            step += 1
-            if self.stopped:
-                break
-            for hook in self.hooks:
-                hook(self, step - 1)
-            # the planner may run further steps itself (trial steps of a search)
-            step = self.planning.after_step(step - 1) + 1
-        return self._loop["last"], self._loop["seconds"]
-
-    def loop_step(self, step) -> None:
-        """Train ``step``, write its metrics, checkpoint if due; **collective** (workers).
-
-        Sets :attr:`stopped` when a preemption signal was seen (after
-        checkpointing). Runs under the watchdog as ``step N``.
-        """
-        with self.watchdog.guard(f"step {step}"):
-            self._loop_step(step)
-
-    def _loop_step(self, step):
-        config, loop = self.config, self._loop
-        began, cpu_began = time.perf_counter(), time.process_time()
-        loss, local_batch, mine = self.train_step(step)
-        loss, stop, times, cumulative, cpu = reduce_step(
-            self.topology, loss, local_batch, mine, self.preemption.requested,
-            time.process_time() - cpu_began)
-        seconds = time.perf_counter() - began
-        self.runtime.after_step(step, began, mine, local_batch, loop["metrics"])
-        loop["seconds"] += seconds
-        loop["last"] = step
-        self.losses.append(loss)
-        delta = cumulative if loop["previous"] is None else cumulative - loop["previous"]
-        loop["previous"] = cumulative
-        record = step_record(step, loss, seconds, config["global_batch"], times, delta, cpu)
-        loop["metrics"].write(record)
-        self._bar.update(1, loss, record["samples_per_s"])
-        if config["eval_every"] and (step % config["eval_every"] == 0 or step == config["steps"]):
-            loop["metrics"].write({"step": step, "eval": self.evaluate(step)})
-        if stop:
-            self.stopped = True
-            self.log(f"preemption signal: checkpoint after step {step}, then exit",
-                     important=True)
-            self.save_checkpoint(step)
-        elif config["checkpoint_every"] and (step % config["checkpoint_every"] == 0
-                                             or step == config["steps"]):
-            self.save_checkpoint(step)
-
     def evaluate(self, step) -> dict:
         """Eval metrics on the eval set, from global sums (see :mod:`.evaluation`); **collective**."""
-        return evaluate(self.model, self.dense, self.sync.pull, self.eval_set, self.topology,
-                        self.config, device=self.device, step=step, log=self.log)
+        return evaluate(self.model, self.dense, self.engine.sync.pull, self.eval_set,
+                        self.topology, self.config, device=self.device, step=step, log=self.log)
+
+    def _metrics_for(self, start_step, done):
+        """The progress bar (at ``done`` steps) and the metrics writer of a run starting at
+        ``start_step`` (first worker writes)."""
+        config = self.config
+        self._bar = ProgressBar(config["steps"], done, self.is_leader and not config["quiet"])
+        self.metrics = MetricsWriter(os.path.join(self.run_dir, "metrics.jsonl"), self.is_leader,
+                             resumed_at=start_step - 1 if config["resume"] else None,
+                             job_id=self.job_id, log=lambda text: self.log(text, important=True))
+        return self.metrics
+
+    @property
+    def progress(self):
+        """The run's :class:`~hpcpax.app.metrics.ProgressBar`."""
+        return self._bar
 
     # ------------------------------------------------------------------- plan
     def switch_method(self, name, method) -> None:
         """Move sparse variable ``name`` to ``method``, exactly; **collective** (workers).
 
-        Every row and its optimizer state moves (PS owners <-> replicas on
-        every worker); training continues as if ``method`` had been used all
-        along.
+        See :meth:`hpcpax.engine.engine.Engine.switch_method`.
         """
-        from ..sync.methods import method_of
-
-        method_of(method)  # refuses an unknown name here, before any rank moves
-        self.commands.run("switch", name=name, method=method)
-        self.write_plan()
+        self.engine.switch_method(name, method)
 
     def repartition(self, name, partitions, owners=None) -> None:
         """Move PS variable ``name`` to ``partitions`` partitions, live; **collective** (workers)."""
-        self.sync[name].repartition(int(partitions), owners)
-        self.write_plan()
+        self.engine.repartition(name, partitions, owners)
 
-    def _read_parameters(self) -> dict:
+    def read_parameters(self) -> dict:
+        """``{"dense": ..., "sparse": ...}``: every parameter, on every worker; **collective**."""
         return {"dense": {k: to_host(v).copy() for k, v in self.dense.items()},
-                "sparse": self.sync.read_tables()}
+                "sparse": self.engine.sync.read_tables()}
+
+    # ------------------------------------------------------------------ trace
+    def write_trace(self):
+        """Merge and write the ``--trace`` file; its path on the first worker (None when
+        tracing is off). **Collective** over the workers (servers join as a command)."""
+        if not self.timeline.enabled:
+            return None
+        path = self.engine.commands.run("trace")
+        if path is not None:
+            self.log(f"trace written: {path}", important=True)
+        return path
+
+    def _write_trace(self):
+        if self._relaxed_steps is not None:  # a server's requests of the relaxed phases
+            self._relaxed_steps.server_spans()
+        return self.timeline.write()  # every rank: the first worker writes the file
 
     # ----------------------------------------------------------------- finish
     def _finish(self, start_step, last, train_seconds, wall_start):
@@ -373,7 +348,7 @@ class Trainer:
                 [r for r in read_metrics(os.path.join(self.run_dir, "metrics.jsonl"))
                  if "loss" in r and start_step <= r["step"] <= last],
                 self.config["global_batch"], unsteady_steps(self.config, start_step,
-                                                            self.planning))
+                                                            self.engine.planning))
         summary = summarize(topo, self.losses, start_step=start_step, last=last,
                             steady=steady, train_seconds=train_seconds,
                             wall=time.perf_counter() - wall_start,
@@ -386,9 +361,9 @@ class Trainer:
             return {"rank": topo.rank, "role": topo.role}
         self._bar.close()
         summary.update(self.summary_extra)
-        summary["tables"] = getattr(self, "tables", {})
+        summary["tables"] = self.tables
         write_json(os.path.join(self.run_dir, "summary.json"), summary)
-        record_run(self)  # one record in the run log (never raises)
+        record_run(self.engine, self.config)  # one record in the run log (never raises)
         if not self.config["quiet"]:
             print(summary_line(summary, self.run_dir), flush=True)
         return summary

@@ -34,7 +34,7 @@ Rules, applied after each refresh, first match wins:
 Every change is returned with the measurements that caused it.
 
 The controller is pure and tested (``tests/plan/test_dense_period.py``);
-:class:`~hpcpax.app.relaxed_run.RelaxedRun` drives it
+:class:`~hpcpax.app.relaxed_run.RelaxedSteps` drives it
 (``--dense-period``) and :class:`~hpcpax.sync.relaxed.RelaxedSync` does
 the refreshes, the local updates and the divergence measurement.
 """

@@ -1,6 +1,6 @@
 """Seconds of one training step, phase by phase, as ``hpcpax.train`` runs it.
 
-The trainer's step (:meth:`hpcpax.app.trainer.Trainer.train_step`) runs its
+The trainer's step (:meth:`hpcpax.app.bsp_step.BSPSteps.step`) runs its
 phases one after the other and overlaps nothing: ``data``, ``pull`` (every
 PS table in one batched exchange, replicated tables read locally),
 ``compute`` (forward and backward), ``push`` (allgather tables in one

@@ -167,7 +167,7 @@ class TableShard:
             read_rows: ``read_rows(keep) -> (global ids, table, row state,
                 scalar state)``: every row of the checkpoint whose id
                 ``keep(ids)`` (a boolean mask of an id array) selects, e.g.
-                :func:`hpcpax.app.checkpoint.load_matching`.
+                :func:`hpcpax.app.checkpoint_files.load_matching`.
 
         Raises:
             CheckpointError: the checkpoint's rows or optimizer state do not

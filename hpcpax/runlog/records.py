@@ -46,9 +46,9 @@ def measured_phases(metrics_path: str, first_step: int = 1) -> dict:
             "steps": len(rows)}
 
 
-def _variables(trainer, measurements):
+def _variables(engine, measurements):
     out = []
-    for name, var in trainer.sync.variables.items():
+    for name, var in engine.sync.variables.items():
         spec = var.spec
         facts = measurements.get(name, {})
         out.append({"name": name, "kind": "sparse", "shape": [spec.rows, spec.dim],
@@ -56,13 +56,13 @@ def _variables(trainer, measurements):
                     "alpha_node": facts.get("alpha_node"),
                     "duplicate_ratio": facts.get("duplicate_ratio")})
     out += [{"name": n, "kind": "dense", "shape": list(p.shape), "dtype": str(p.dtype)}
-            for n, p in trainer.dense.items()]
+            for n, p in engine.dense.items()]
     return out
 
 
-def _strategy(trainer):
+def _strategy(engine):
     out = {}
-    for name, var in trainer.sync.variables.items():
+    for name, var in engine.sync.variables.items():
         now = var.describe()
         out[name] = {"method": now["method"], "partitions": now["partitions"],
                      "local_aggregation": now["local_aggregation"] if var.sync_method.on_servers
@@ -101,20 +101,21 @@ def _predict(record):
     return prediction.to_dict()
 
 
-def run_record(trainer) -> dict:
-    """The record of a finished run (first worker; reads ``metrics.jsonl``)."""
-    config = trainer.config
-    planning = getattr(trainer, "planning", None)
+def run_record(engine, config) -> dict:
+    """The record of a finished run of ``engine`` (an :class:`~hpcpax.engine.engine.Engine`)
+    under ``python -m hpcpax.train``'s resolved flags ``config`` (first worker; reads
+    ``metrics.jsonl``)."""
+    planning = getattr(engine, "planning", None)
     plan = getattr(planning, "plan", None)
     measurements = dict(plan.measurements) if plan is not None else {}
     fabric = getattr(planning, "fabric", None)
     first = 1 + WARMUP_STEPS + (config["plan_steps"] if plan is not None else 0)
-    metrics = os.path.join(trainer.run_dir, "metrics.jsonl")
+    metrics = os.path.join(engine.run_dir, "metrics.jsonl")
     record = {
-        "model": {"name": config["model"], "variables": _variables(trainer, measurements)},
-        "layout": layout_summary(trainer.topology.describe()),
+        "model": {"name": config["model"], "variables": _variables(engine, measurements)},
+        "layout": layout_summary(engine.topology.describe()),
         "fabric": fabric.to_dict() if fabric is not None else None,
-        "strategy": _strategy(trainer),
+        "strategy": _strategy(engine),
         "plan_mode": config["plan"] if isinstance(config["plan"], str) else "given",
         "global_batch": config["global_batch"],
         "measured": measured_phases(metrics, first) if os.path.exists(metrics) else {},
@@ -123,8 +124,9 @@ def run_record(trainer) -> dict:
     return record
 
 
-def record_run(trainer, source: str = "train") -> int | None:
-    """Append ``trainer``'s finished run to the run log; the record id or None.
+def record_run(engine, config, source: str = "train") -> int | None:
+    """Append the finished run of ``engine`` under flags ``config`` to the run log; the
+    record id or None.
 
     Not collective (call it on one rank). Never raises: a problem is a
     :class:`~hpcpax.runlog.log.RunLogWarning`.
@@ -132,7 +134,7 @@ def record_run(trainer, source: str = "train") -> int | None:
     if run_log_path() is None:
         return None
     try:
-        record = run_record(trainer)
+        record = run_record(engine, config)
     except Exception as exc:  # noqa: BLE001  (a finished run must not fail here)
         warnings.warn(f"run log: no record of this run ({type(exc).__name__}: {exc})",
                       RunLogWarning, stacklevel=2)

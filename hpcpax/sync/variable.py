@@ -116,7 +116,7 @@ class VariableSync:
         Args:
             read_rows: ``read_rows(keep) -> (global ids, table, row state,
                 scalars)``, the checkpoint's rows whose ids ``keep`` selects
-                (e.g. :func:`hpcpax.app.checkpoint.load_matching` of one
+                (e.g. :func:`hpcpax.app.checkpoint_files.load_matching` of one
                 variable); see :meth:`~hpcpax.ps.table.TableShard.restore`.
         """
         shard = self._method.shard(self)

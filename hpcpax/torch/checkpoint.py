@@ -1,7 +1,7 @@
 """Checkpoints of a distributed torch model: HDF5, no pickle, any layout.
 
 :func:`save` writes one checkpoint directory with
-:mod:`hpcpax.app.checkpoint`'s writer (through
+:mod:`hpcpax.app.checkpoint_files`'s writer (through
 :meth:`~hpcpax.app.model_sync.ModelSync.save`): every table's rows with their
 row-optimizer state, by global id, from the ranks that hold them (no worker
 gathers a table); the dense parameters, buffers and the torch optimizers'

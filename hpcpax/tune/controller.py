@@ -1,4 +1,4 @@
-"""The trainer's automation: measure, plan, switch, search — live.
+"""The planner's live automation: measure, plan, switch, search.
 
 :class:`PlanController` is what ``--plan auto|hybrid`` does inside
 ``python -m hpcpax.train``:
@@ -38,21 +38,24 @@ MEASURED_MODES = ("auto", "hybrid")
 
 
 class PlanController:
-    """Measures, plans and re-plans for one :class:`~hpcpax.app.trainer.Trainer`.
+    """Measures, plans and re-plans for one :class:`~hpcpax.app.engine.Trainer`.
 
-    Uses the trainer's public interface only: ``topology``, ``config``,
-    ``run_dir``, ``is_leader``, ``log``, ``stopped``, ``sync`` (the
+    Its host is an :class:`~hpcpax.engine.engine.Engine`, used through
+    ``topology``, ``settings.plan`` (:class:`~hpcpax.engine.settings.PlanSettings`),
+    ``run_dir``, ``is_leader``, ``log``, ``sync`` (the
     :class:`~hpcpax.sync.sparse_set.SparseSync`), ``dense``, ``ps``,
-    ``switch_method``, ``repartition``, ``loop_step``, ``write_plan``.
+    ``commands``, ``switch_method``, ``repartition`` and ``write_plan``. It
+    runs no training step itself: the trial steps of a search are asked of
+    the loop through the ``steps`` runner :meth:`after_step` is given.
 
     Args:
-        trainer: the trainer (its topology is set up).
+        engine: the engine (its topology, synchronizers and dense specs are set up).
         mode: ``auto``, ``hybrid`` or None (a fixed plan: nothing to do).
         label: how the plan was given, for ``plan.json`` (``ps``, a file...).
     """
 
-    def __init__(self, trainer, mode, label=None):
-        self.trainer = trainer
+    def __init__(self, engine, mode, label=None):
+        self.engine = engine
         self.mode = mode if mode in MEASURED_MODES else None
         self.label = mode if self.mode else (label or "fixed")
         self.fabric = None
@@ -79,27 +82,27 @@ class PlanController:
             return
         from ..comm.fabric import Fabric, measure_fabric
 
-        config = self.trainer.config
-        if config.get("resume") and not config.get("replan_every"):
+        config = self.engine.settings.plan
+        if config.resume and not config.replan_every:
             # a plan start() takes from plan.json: nothing will price a new one
-            topo = self.trainer.topology
-            text = measured_plan_text(self.trainer, topo.comm, topo.worker_ranks[0])
+            topo = self.engine.topology
+            text = measured_plan_text(self.engine, topo.comm, topo.worker_ranks[0])
             if text is not None:
                 fabric = json.loads(text).get("fabric")
                 self.fabric = self.model_fabric = Fabric.from_dict(fabric) if fabric else None
-                self.trainer.log("resume: plan.json holds the measured plan; the fabric and "
+                self.engine.log("resume: plan.json holds the measured plan; the fabric and "
                                  "the cost model's constants are not measured again")
                 return
-        if self.mode == "auto" and config.get("plan_calibrate", False):
+        if self.mode == "auto" and config.plan_calibrate:
             from .calibrate import calibrate, cost_params
 
-            calibration = calibrate(self.trainer.topology,
-                                    fabric_seconds=config["fabric_seconds"])
+            calibration = calibrate(self.engine.topology,
+                                    fabric_seconds=config.fabric_seconds)
             self.fabric = Fabric.from_dict(calibration["fabric"])
             self.model_fabric = calibration["fabric"]  # with the measured Allreduce
             self.params = cost_params(calibration)
             return
-        self.fabric = measure_fabric(self.trainer.topology, budget_s=config["fabric_seconds"])
+        self.fabric = measure_fabric(self.engine.topology, budget_s=config.fabric_seconds)
         self.model_fabric = self.fabric
 
     def start(self, first_step: int, resumed: bool = False) -> None:
@@ -117,21 +120,21 @@ class PlanController:
     def _resume_plan(self) -> bool:
         from ..plan import Plan
 
-        trainer = self.trainer
-        text = measured_plan_text(trainer, trainer.topology.workers, 0)
+        engine = self.engine
+        text = measured_plan_text(engine, engine.topology.workers, 0)
         if text is None:
             return False
         self.plan = Plan.from_json(text)
         self.search = {k: v for k, v in self.plan.search.items() if k != "mode"}
         self.apply(self.plan)
-        trainer.log("resume: plan taken from plan.json (not measured again)")
+        engine.log("resume: plan taken from plan.json (not measured again)")
         return True
 
     def _begin_measuring(self, first_step):
         from ..plan import SparsityStats
 
-        self._stats = {name: SparsityStats() for name in self.trainer.sync}
-        self._measure_until = first_step + self.trainer.config["plan_steps"] - 1
+        self._stats = {name: SparsityStats() for name in self.engine.sync}
+        self._measure_until = first_step + self.engine.settings.plan.plan_steps - 1
 
     # ---------------------------------------------------------------- steps
     @property
@@ -144,29 +147,33 @@ class PlanController:
         over each node's workers while measuring)."""
         if self._stats is None:
             return
-        node_workers = self.trainer.topology.node_workers
+        node_workers = self.engine.topology.node_workers
         for name, stats in self._stats.items():
             local = to_host(ids[name]).astype(np.int64, copy=False)
             union = np.unique(np.concatenate(node_workers.allgather(np.unique(local))))
-            stats.update((local, union), self.trainer.sync[name].spec.rows)
+            stats.update((local, union), self.engine.sync[name].spec.rows)
 
-    def after_step(self, step: int) -> int:
-        """Act after ``step``; returns the last step run (searches run steps).
+    def after_step(self, step: int, steps=None) -> int:
+        """Act after ``step``; returns the last step run (a search asks for steps).
 
-        **Collective** over the workers.
+        ``steps`` is the loop's step runner (``steps.run(step)`` trains one
+        step as the loop does, ``steps.stopped`` says the run is stopping;
+        :class:`~hpcpax.app.loop.StepRunner`): the hot-rows trial and the
+        partition search ask it for their trial steps. Without one (a user's
+        own loop) neither runs. **Collective** over the workers.
         """
-        config = self.trainer.config
+        config = self.engine.settings.plan
         if self._stats is not None and step >= self._measure_until:
             replanning = self.plan is not None
             self._decide(replanning)
             self._stats = None
-            if config.get("hot_rows_trial") and not replanning:
-                step = self._hot_rows_trial(step)
-            if config["partition_search"] and not replanning:
-                step = self._search(step)
-        if (config["replan_every"] and self.mode is not None and self.plan is not None
-                and self._stats is None and step % config["replan_every"] == 0
-                and step < config["steps"]):
+            if config.hot_rows_trial and not replanning and steps is not None:
+                step = self._hot_rows_trial(step, steps)
+            if config.partition_search and not replanning and steps is not None:
+                step = self._search(step, steps)
+        if (config.replan_every and self.mode is not None and self.plan is not None
+                and self._stats is None and step % config.replan_every == 0
+                and step < config.steps):
             self._begin_measuring(step + 1)
         return step
 
@@ -178,7 +185,7 @@ class PlanController:
         names = sorted(self._stats)
         keys = ("alpha", "alpha_node", "duplicate_ratio")
         vector = np.array([self._stats[n].to_dict()[k] or 0.0 for n in names for k in keys])
-        comm = self.trainer.topology.workers
+        comm = self.engine.topology.workers
         sum_in_place(comm, vector)
         vector /= comm.Get_size()
         steps = self._stats[names[0]].steps if names else 0
@@ -186,7 +193,7 @@ class PlanController:
                     "steps": steps} for i, n in enumerate(names)}
 
     def _shape(self):
-        topo = self.trainer.topology
+        topo = self.engine.topology
         return {"num_nodes": topo.num_nodes,
                 "workers_per_node": max(1, topo.num_workers // topo.num_nodes),
                 "servers_per_node": len(topo.server_ranks) // topo.num_nodes}
@@ -194,7 +201,7 @@ class PlanController:
     def _variables(self, measured):
         from ..ops.optimizers import make_optimizer
 
-        trainer = self.trainer
+        engine = self.engine
         # alpha is touched rows / declared rows: floor it at half a row, not at a
         # fraction that means millions of rows of a 2**63-row table
         out = [{"name": n, "kind": "sparse", "shape": [v.spec.rows, v.spec.dim],
@@ -203,9 +210,9 @@ class PlanController:
                 "duplicate_ratio": max(measured[n]["duplicate_ratio"], 1.0),
                 "row_slots": len(make_optimizer(v.spec.optimizer,
                                                 **v.spec.optimizer_params).row_slots)}
-               for n, v in trainer.sync.variables.items()]
+               for n, v in engine.sync.variables.items()]
         out += [{"name": n, "kind": "dense", "shape": list(p.shape), "dtype": str(p.dtype)}
-                for n, p in trainer.dense.items()]
+                for n, p in engine.dense.items()]
         return out
 
     def _decide(self, replanning):
@@ -215,11 +222,11 @@ class PlanController:
         from ..plan.cost_model import predict_all
         from ..runlog.learned import load_correction
 
-        trainer = self.trainer
-        topo = trainer.topology
+        engine = self.engine
+        topo = engine.topology
         measured = self._measurements()
         text = None
-        if trainer.is_leader:  # one rank decides everything, keeps included: no
+        if engine.is_leader:  # one rank decides everything, keeps included: no
             # rank can take another branch of a collective switch on round-off
             specs = self._variables(measured)
             correction = load_correction()
@@ -234,16 +241,16 @@ class PlanController:
                     if spec["kind"] != "sparse":
                         continue
                     times = predict_all(spec, self._shape(), self.model_fabric, params=self.params)
-                    if not should_switch(trainer.sync[spec["name"]].method, times,
-                                         float(trainer.config["replan_threshold"])):
+                    if not should_switch(engine.sync[spec["name"]].method, times,
+                                         float(engine.settings.plan.replan_threshold)):
                         self._keep(plan.variables[spec["name"]], spec["name"])  # gain too small
             text = plan.to_json()
         plan = Plan.from_json(topo.workers.bcast(text, root=0))
         check_same(topo.workers, "plan", {"fingerprint": plan.fingerprint()})
         self.plan = plan
         self.apply(plan)
-        trainer.write_plan()
-        trainer.log(("re-plan" if replanning else f"plan ({self.mode})")
+        engine.write_plan()
+        engine.log(("re-plan" if replanning else f"plan ({self.mode})")
                     + f" after {measured[next(iter(measured))]['steps']} measured steps:\n"
                     + self.current_plan().table())
 
@@ -252,52 +259,52 @@ class PlanController:
         methods beat the current ones' step by ``replan_threshold``."""
         from ..plan.joint_choice import worth_switching
 
-        sync = self.trainer.sync
+        sync = self.engine.sync
         sparse = [s["name"] for s in specs if s["kind"] == "sparse"]
         if not worth_switching(specs, {n: sync[n].method for n in sparse},
                                {n: sync[n].partitions for n in sparse}, new_s, self._shape(),
                                self.model_fabric, self.params,
-                               float(self.trainer.config["replan_threshold"]), correction):
+                               float(self.engine.settings.plan.replan_threshold), correction):
             for name in sparse:
                 self._keep(plan.variables[name], name)  # gain too small
 
     def _keep(self, entry, name) -> None:
         """Make ``entry`` describe where ``name`` is now."""
-        now = self.trainer.sync[name].describe()
+        now = self.engine.sync[name].describe()
         entry.method, entry.partitions = now["method"], now["partitions"]
         entry.owners, entry.local_aggregation = now["owners"], now["local_aggregation"]
         entry.reason = "kept: predicted gain below the re-planning threshold"
 
     def apply(self, plan) -> None:
         """Put every sparse variable where ``plan`` says; **collective** (workers)."""
-        trainer = self.trainer
-        owners_count = len(trainer.topology.owner_ranks)
+        engine = self.engine
+        owners_count = len(engine.topology.owner_ranks)
         for name, entry in plan.variables.items():
-            if entry.kind != "sparse" or name not in trainer.sync.variables:
+            if entry.kind != "sparse" or name not in engine.sync.variables:
                 continue
-            var = trainer.sync[name]
+            var = engine.sync[name]
             if entry.sync_method is not var.sync_method:
-                trainer.switch_method(name, entry.method)
+                engine.switch_method(name, entry.method)
             if not entry.sync_method.on_servers:
                 continue
             owners = list(entry.owners)
             if len(owners) != entry.partitions or (owners and max(owners) >= owners_count):
                 owners = None  # the plan was made for another layout: balance here
             if entry.partitions != var.partitions or (owners is not None and owners != var.owners):
-                trainer.repartition(name, entry.partitions, owners)
+                engine.repartition(name, entry.partitions, owners)
             var.set_local_aggregation(entry.local_aggregation)
         hot = {name: entry.hot_rows for name, entry in plan.variables.items()
                if entry.sync_method.on_servers and entry.hot_rows is not None
-               and name in trainer.sync.variables
-               and trainer.ps.hot_rows_of(name) != entry.hot_rows}
+               and name in engine.sync.variables
+               and engine.ps.hot_rows_of(name) != entry.hot_rows}
         if hot:  # the servers classify too: every rank takes the decision
-            trainer.commands.run("hot_rows", settings=hot)
+            engine.commands.run("hot_rows", settings=hot)
 
     def _hot_rows_setting(self):
         """``make_plan``'s ``hot_rows``: off, the fixed rule of ``HPCPAX_HOT_ROWS``, or auto."""
         from ..options import options
 
-        if self.trainer.config.get("hot_rows") == "off":
+        if self.engine.settings.plan.hot_rows == "off":
             return "off"
         return options.hot_rows if options.hot_rows >= 2 else "auto"
 
@@ -310,10 +317,10 @@ class PlanController:
         """
         from ..plan.plan import Plan, VariablePlan
 
-        trainer = self.trainer
+        engine = self.engine
         made = self.plan.variables if self.plan is not None else {}
         variables = {}
-        for name, var in trainer.sync.variables.items():
+        for name, var in engine.sync.variables.items():
             now = var.describe()
             prior = made.get(name)
             same = prior is not None and prior.sync_method is var.sync_method
@@ -323,8 +330,8 @@ class PlanController:
                 owners=now["owners"], local_aggregation=now["local_aggregation"],
                 predicted_s=prior.predicted_s if same else None,
                 reason=prior.reason if same else f"plan {self.label}",
-                hot_rows=trainer.ps.hot_rows_of(name) if var.sync_method.on_servers else None)
-        for name, param in trainer.dense.items():
+                hot_rows=engine.ps.hot_rows_of(name) if var.sync_method.on_servers else None)
+        for name, param in engine.dense.items():
             prior = made.get(name)
             variables[name] = VariablePlan(
                 name=name, kind="dense", shape=tuple(param.shape), dtype=str(param.dtype),
@@ -339,63 +346,63 @@ class PlanController:
                     topology=self._shape(), search=search, runtime=self.runtime)
 
     # ---------------------------------------------------------------- search
-    def _hot_rows_trial(self, step):
+    def _hot_rows_trial(self, step, steps):
         """Keep the plan's hot-row trees only if live steps run faster with them."""
         from .hot_rows_trial import run_hot_rows_trial
 
-        trainer, rounds = self.trainer, int(self.trainer.config["hot_rows_trial"])
+        engine, rounds = self.engine, int(self.engine.settings.plan.hot_rows_trial)
         chosen = {name: entry.hot_rows for name, entry in self.plan.variables.items()
                   if entry.sync_method.on_servers and entry.hot_rows
                   and entry.hot_rows["min_nodes"]}
         if not chosen:
             return step
-        if trainer.config["steps"] - step < 4 * rounds:
-            trainer.log(f"hot-rows trial skipped: {trainer.config['steps'] - step} steps left")
+        if engine.settings.plan.steps - step < 4 * rounds:
+            engine.log(f"hot-rows trial skipped: {engine.settings.plan.steps - step} steps left")
             return step
-        trial, next_step = run_hot_rows_trial(trainer, chosen, rounds, step + 1)
+        trial, next_step = run_hot_rows_trial(engine, steps, chosen, rounds, step + 1)
         self.search["hot_rows_trial"] = {"variables": sorted(chosen), **trial}
-        trainer.log(f"hot-rows trial ({', '.join(sorted(chosen))}): trees "
+        engine.log(f"hot-rows trial ({', '.join(sorted(chosen))}): trees "
                     + ("kept" if trial["kept"] else "off")
                     + f", median step {np.median(trial['on_s']) * 1e3:.1f} ms with, "
                     f"{np.median(trial['off_s']) * 1e3:.1f} ms without")
-        trainer.write_plan()
+        engine.write_plan()
         return next_step - 1
 
-    def _search(self, step):
+    def _search(self, step, steps):
         """Parallax's partition search for each ps variable, on live steps."""
         from .live_search import search_partitions_live
 
-        trainer, config = self.trainer, self.trainer.config
+        engine, config = self.engine, self.engine.settings.plan
         per_trial = 2  # warm-up + timed steps of each candidate
-        for name in [n for n, v in trainer.sync.variables.items() if v.sync_method.on_servers]:
-            budget = config["steps"] - step
+        for name in [n for n, v in engine.sync.variables.items() if v.sync_method.on_servers]:
+            budget = config.steps - step
             if budget < 3 * per_trial:
-                trainer.log(f"partition search of {name} skipped: {budget} steps left")
+                engine.log(f"partition search of {name} skipped: {budget} steps left")
                 continue
             result, next_step = search_partitions_live(
-                trainer.ps, name, trainer.loop_step, first_step=step + 1, steps=1, warmup=1,
+                engine.ps, name, steps.run, first_step=step + 1, steps=1, warmup=1,
                 max_measurements=min(8, budget // per_trial))
             step = next_step - 1
             self.search[name] = result.to_dict()
-            trainer.log(f"partition search of {name}: chose {result.chosen} partitions "
+            engine.log(f"partition search of {name}: chose {result.chosen} partitions "
                         f"in {result.search_seconds:.2f} s (samples "
                         + ", ".join(f"{p}: {t * 1e3:.1f} ms" for p, t in
                                     sorted(result.samples.items())) + ")")
-            if trainer.stopped:
+            if steps.stopped:
                 break
-        trainer.write_plan()
+        engine.write_plan()
         return step
 
 
-def measured_plan_text(trainer, comm, root):
+def measured_plan_text(engine, comm, root):
     """The text of the run directory's ``plan.json`` when a measured mode (``auto``,
     ``hybrid``) made it, else None (none, unreadable, or written before the measurement
     ended); read by the first worker (rank ``root`` of ``comm``), broadcast over
     ``comm``; **collective** over ``comm``."""
     text = None
-    if trainer.is_leader:
+    if engine.is_leader:
         try:
-            with open(os.path.join(trainer.run_dir, "plan.json"), encoding="utf-8") as handle:
+            with open(os.path.join(engine.run_dir, "plan.json"), encoding="utf-8") as handle:
                 text = handle.read()
             if json.loads(text).get("search", {}).get("mode") not in MEASURED_MODES:
                 text = None

@@ -26,11 +26,12 @@ __all__ = ["OFF", "run_hot_rows_trial"]
 OFF = {"min_nodes": 0, "min_saved_bytes": [], "reason": "hot rows off: slower in the trial"}
 
 
-def run_hot_rows_trial(trainer, chosen: dict, rounds: int, first_step: int) -> tuple:
+def run_hot_rows_trial(engine, steps, chosen: dict, rounds: int, first_step: int) -> tuple:
     """Time ``rounds`` pairs of steps with the trees of ``chosen`` on and off.
 
     Args:
-        trainer: the trainer (``commands``, ``loop_step``, ``topology``).
+        engine: the :class:`~hpcpax.engine.engine.Engine` (``commands``, ``topology``).
+        steps: the loop's step runner (``run(step)``, ``stopped``).
         chosen: ``{name: hot-rows entry}`` of the plan, trees on.
         rounds: pairs of timed steps (each one after a warm-up step).
         first_step: the first step the trial trains.
@@ -47,17 +48,17 @@ def run_hot_rows_trial(trainer, chosen: dict, rounds: int, first_step: int) -> t
     step = first_step
     for _ in range(rounds):
         for label, settings in (("on", chosen), ("off", off)):
-            trainer.commands.run("hot_rows", settings=settings)
-            seconds[label].append(time_steps(trainer.topology, trainer.loop_step, step,
+            engine.commands.run("hot_rows", settings=settings)
+            seconds[label].append(time_steps(engine.topology, steps.run, step,
                                              steps=1, warmup=1))
             step += 2
-            if trainer.stopped:
+            if steps.stopped:
                 break
-        if trainer.stopped:
+        if steps.stopped:
             break
     kept = bool(seconds["on"] and seconds["off"]
                 and np.median(seconds["on"]) < np.median(seconds["off"]))
-    trainer.commands.run("hot_rows", settings=chosen if kept else off)
+    engine.commands.run("hot_rows", settings=chosen if kept else off)
     trial = {"on_s": [round(s, 6) for s in seconds["on"]],
              "off_s": [round(s, 6) for s in seconds["off"]], "kept": kept,
              "steps": [first_step, step - 1]}

@@ -90,7 +90,7 @@ def test_speed_shares_follow_a_straggler(comm, tmp_path):
             decisions = [r["batch_shares"] for r in map(json.loads, handle)
                          if "batch_shares" in r]
         ok = ok and decisions and decisions[-1]["to"] == shares and all(d["step"] % 3 == 0 for d in decisions)
-        from hpcpax.app.checkpoint import latest, read_meta
+        from hpcpax.app.checkpoint_files import latest, read_meta
         ok = ok and read_meta(latest(run_dir))["batch_shares"]["shares"] == shares
     assert comm.allreduce(bool(ok), op=MPI.LAND)
 

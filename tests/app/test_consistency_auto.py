@@ -13,7 +13,7 @@ import pytest
 from mpi4py import MPI
 
 from hpcpax.app.auto_channel import LEAD
-from hpcpax.app.checkpoint import latest, read_meta
+from hpcpax.app.checkpoint_files import latest, read_meta
 from hpcpax.app.timeline import load_trace
 from hpcpax.app.trainer import Trainer
 from hpcpax.plan import adaptive
@@ -115,7 +115,7 @@ def test_persistent_straggler_gets_balanced_bsp(comm, tmp_path, monkeypatch):
     last = comm.Get_size() - 1
     auto = run(comm, run_dir=run_dir, consistency="auto", auto_segment=4, steps=16,
                straggler=f"{last}:30", global_batch=48)
-    history = leader_value(comm, auto, auto.relaxed.policy.history)
+    history = leader_value(comm, auto, auto.schedule.policy.history)
     shares = leader_value(comm, auto, auto.balance.shares)
     ok = any(h["to"] == "balanced" for h in history)
     ok = ok and shares[-1] < min(shares[:-1]) and sum(shares) == 48
@@ -177,8 +177,8 @@ def test_ssp0_with_balanced_shares_keeps_bsp_parameters(comm, tmp_path, monkeypa
     seen = []  # (step, this worker's samples) of the relaxed steps
 
     def hook(trainer, step):
-        if trainer.relaxed.policy.mode == "ssp":
-            seen.append((step, trainer.relaxed.relaxed_run.records[-1]["batch"]))
+        if trainer.schedule.policy.mode == "ssp":
+            seen.append((step, trainer.schedule.relaxed_steps.records[-1]["batch"]))
 
     def scripted(self, step, work, batch, seconds, losses, steps, samples_per_s):
         self.segments += 1
@@ -201,7 +201,7 @@ def test_ssp0_with_balanced_shares_keeps_bsp_parameters(comm, tmp_path, monkeypa
     plain = run(comm, run_dir=shared_dir(comm, tmp_path, "plain"), **config)
     ok = close(leader_value(comm, auto, auto.parameters),
                leader_value(comm, plain, plain.parameters))
-    history = leader_value(comm, auto, auto.relaxed.policy.history)
+    history = leader_value(comm, auto, auto.schedule.policy.history)
     ok = ok and [h["to"] for h in history] == ["ssp:0+balanced", "balanced"]
     switch = 8 + LEAD
     ok = ok and history[1]["step"] == 8 and history[1]["applies_from"] == switch
@@ -251,7 +251,7 @@ def test_shares_change_inside_an_ssp_phase_at_one_step_on_every_worker(comm, tmp
 
     def hook(trainer, step):
         if step > 4:
-            seen.append((step, trainer.relaxed.relaxed_run.records[-1]["batch"]))
+            seen.append((step, trainer.schedule.relaxed_steps.records[-1]["batch"]))
 
     config = {"steps": 20, "auto_segment": 4}
     run_dir = shared_dir(comm, tmp_path, "auto")
@@ -261,7 +261,7 @@ def test_shares_change_inside_an_ssp_phase_at_one_step_on_every_worker(comm, tmp
     plain = run(comm, run_dir=shared_dir(comm, tmp_path, "plain"), **config)
     ok = close(leader_value(comm, auto, auto.parameters),
                leader_value(comm, plain, plain.parameters))
-    history = leader_value(comm, auto, auto.relaxed.policy.history)
+    history = leader_value(comm, auto, auto.schedule.policy.history)
     switch = 8 + LEAD
     ok = ok and [(h["step"], h["to"]) for h in history] == [(4, "ssp:0"),
                                                             (8, "ssp:0+balanced")]
@@ -270,7 +270,7 @@ def test_shares_change_inside_an_ssp_phase_at_one_step_on_every_worker(comm, tmp
         w = auto.topology.worker_index
         even = 12 // workers + (1 if w < 12 % workers else 0)
         ok = ok and seen == [(s, even if s < switch else forced[w]) for s in range(5, 21)]
-        ok = ok and auto.relaxed.relaxed_run.phase == 1  # the shares changed in place
+        ok = ok and auto.schedule.relaxed_steps.phase == 1  # the shares changed in place
     if comm.Get_rank() == 0:
         lines = [r["auto"] for r in records(run_dir, "auto")]
         ok = ok and [x.get("applies_from") for x in lines] == [None, switch]

@@ -100,22 +100,22 @@ def test_auto_plan_prices_with_the_constants_it_calibrated(comm, tmp_path, fixed
                                   plan_calibrate=False)
     ok = close(params, fixed_ps[1]) and np.allclose(losses, fixed_ps[0], rtol=1e-9)
     assert comm.allreduce(bool(ok), op=MPI.LAND)
-    assert plain.planning.params is None
-    assert set(calibrated.planning.params.software) >= {"ps_pull", "ps_push",
+    assert plain.engine.planning.params is None
+    assert set(calibrated.engine.planning.params.software) >= {"ps_pull", "ps_push",
                                                         "allgather_push", "dense_allreduce"}
-    assert calibrated.planning.params.kernels and calibrated.planning.model_fabric["intra"]
+    assert calibrated.engine.planning.params.kernels and calibrated.engine.planning.model_fabric["intra"]
 
     def check():
         plan = Plan.load(os.path.join(path, "plan.json"))
         other = Plan.load(os.path.join(plain_path, "plan.json"))
-        params = dataclasses.replace(calibrated.planning.params, ps_batch=3)
+        params = dataclasses.replace(calibrated.engine.planning.params, ps_batch=3)
         topology = plan.topology
         for name, entry in plan.variables.items():
             if entry.kind != "dense":
                 continue  # a dense tensor's price: one allreduce, no choice in it
             want = predict({"name": name, "kind": "dense", "shape": list(entry.shape),
                             "dtype": entry.dtype}, "allreduce", topology,
-                           calibrated.planning.model_fabric, params=params)
+                           calibrated.engine.planning.model_fabric, params=params)
             if not np.isclose(entry.predicted_s, want, rtol=1e-12):
                 return f"{name}: {entry.predicted_s} != {want}"
         return (plan.search["cost_model"]["params"], other.search["cost_model"]["params"])
@@ -157,7 +157,7 @@ def switch_around(trainer, step):
 def test_switching_methods_back_and_forth_is_exact(comm, tmp_path, fixed_ps):
     trainer, _, losses, params = run(comm, tmp_path, "switch", hooks=[switch_around], plan="ps")
     ok = close(params, fixed_ps[1]) and np.allclose(losses, fixed_ps[0], rtol=1e-9)
-    ok &= trainer.topology.is_server or trainer.sync["softmax_w"].method == "allreduce"
+    ok &= trainer.topology.is_server or trainer.engine.sync["softmax_w"].method == "allreduce"
     assert comm.allreduce(bool(ok), op=MPI.LAND)
 
 

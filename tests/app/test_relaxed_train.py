@@ -12,7 +12,7 @@ import signal
 import numpy as np
 import pytest
 
-from hpcpax.app import checkpoint as ckpt
+from hpcpax.app import checkpoint_files as ckpt
 from hpcpax.app.config import resolve
 from hpcpax.app.trainer import Trainer
 from hpcpax.errors import ConfigError

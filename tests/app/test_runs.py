@@ -12,7 +12,7 @@ import sys
 import pytest
 from mpi4py import MPI
 
-from hpcpax.app import checkpoint as ckpt
+from hpcpax.app import checkpoint_files as ckpt
 from hpcpax.app.preemption import EXIT_PREEMPTED
 from hpcpax.app import report
 from hpcpax.train import main

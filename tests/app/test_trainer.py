@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
-from hpcpax.app import checkpoint as ckpt
+from hpcpax.app import checkpoint_files as ckpt
 from hpcpax.errors import CheckpointError
 from hpcpax.app.trainer import Trainer
 from trainer_runs import run_trainer, shared_dir
@@ -74,9 +74,9 @@ def test_resume_is_bit_identical(comm, stopped_at_15, uninterrupted):
     assert comm.allreduce(resumed.summary.get("start_step", 16) == 16, op=MPI.LAND)
     # the measured plan came from plan.json: no calibration (a fresh auto run has one)
     fresh = run(comm, steps=1, run_dir=run_dir + "-fresh")
-    holds_plan = resumed.topology.is_server or resumed.planning.plan is not None
-    assert comm.allreduce(resumed.planning.params is None and holds_plan
-                          and fresh.planning.params is not None, op=MPI.LAND)
+    holds_plan = resumed.topology.is_server or resumed.engine.planning.plan is not None
+    assert comm.allreduce(resumed.engine.planning.params is None and holds_plan
+                          and fresh.engine.planning.params is not None, op=MPI.LAND)
     assert same(final_parameters(comm, resumed), uninterrupted[0], exact=True)
     if comm.Get_rank() == 0:  # metrics.jsonl holds each step once
         from hpcpax.app.metrics import read_metrics

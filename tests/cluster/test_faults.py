@@ -49,7 +49,7 @@ def _start(spec, run_dir, log):
     proc = subprocess.Popen(argv, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
                             start_new_session=True, env=run_env(HPCPAX_TIMEOUT=TIMEOUT))
     deadline = time.monotonic() + 120
-    from hpcpax.app import checkpoint as ckpt
+    from hpcpax.app import checkpoint_files as ckpt
 
     while time.monotonic() < deadline:
         if max(_steps(run_dir), default=0) >= 2 * CHECKPOINT_EVERY + 5 and ckpt.latest(run_dir):
@@ -76,7 +76,7 @@ def _clean_node(spec, node, proc):
 
 def _resume_on_two_nodes(spec, run_dir):
     """The last checkpoint is intact and training continues from it on hpt1, hpt2."""
-    from hpcpax.app import checkpoint as ckpt
+    from hpcpax.app import checkpoint_files as ckpt
 
     path = ckpt.latest(run_dir)
     ckpt.verify(path)  # every file against its SHA-256 manifest

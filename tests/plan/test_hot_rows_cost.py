@@ -136,7 +136,7 @@ def test_the_plan_records_and_shows_the_decision():
 
 
 def test_a_plan_file_sets_hot_rows_per_variable():
-    from hpcpax.app.build import hot_rows_requests
+    from hpcpax.engine.plan_requests import hot_rows_requests
     from hpcpax.app.config import normalize_plan
     from hpcpax.errors import ConfigError
 

@@ -27,15 +27,15 @@ def _mismatches(trainer, run_dir, layout):
         ids = [trainer.model.sparse_ids(trainer.reader.batch(position, TINY["global_batch"], w, n),
                                         position) for w in range(n)]
         routings = {}
-        for name, sync in trainer.sync.variables.items():
+        for name, sync in trainer.engine.sync.variables.items():
             spec, method = sync.spec, sync.method
             per_worker = [np.asarray(i[name]) for i in ids]
             if method == "ps":
-                var = trainer.ps.variables[name]
+                var = trainer.engine.ps.variables[name]
                 routings[name] = routing_from_ids(
                     layout, "ps", spec.rows, spec.dim * 4, per_worker,
                     partitions=var.layout.num_partitions, owners=list(var.layout.owners),
-                    local_aggregation=trainer.ps.local_aggregation)
+                    local_aggregation=trainer.engine.ps.local_aggregation)
             else:
                 routings[name] = routing_from_ids(layout, method, spec.rows, spec.dim * 4,
                                                   per_worker)

@@ -15,7 +15,7 @@ from mpi4py import MPI
 
 import hpcpax
 from hpcpax import ParameterServer, SparseVariableSpec
-from hpcpax.app import checkpoint as ckpt
+from hpcpax.app import checkpoint_files as ckpt
 from hpcpax.errors import ConfigError
 from hpcpax.ops.optimizers import make_optimizer
 from hpcpax.plan.auto import make_plan

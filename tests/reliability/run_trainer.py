@@ -97,7 +97,7 @@ def crash_in_checkpoint():
     spec = os.environ.get("RELIABILITY_CRASH_IN_CHECKPOINT")
     if not spec:
         return
-    from hpcpax.app import checkpoint
+    from hpcpax.app import checkpoint_files as checkpoint
 
     crash_step, _, crash_rank = spec.partition(":")
     world = MPI.COMM_WORLD

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
-from hpcpax.app import checkpoint as ckpt
+from hpcpax.app import checkpoint_files as ckpt
 from hpcpax.app.preemption import EXIT_PREEMPTED
 from hpcpax.errors import CheckpointError
 from hpcpax.app.trainer import Trainer

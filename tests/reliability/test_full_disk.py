@@ -13,7 +13,7 @@ import sys
 import pytest
 from mpi4py import MPI
 
-from hpcpax.app import checkpoint as ckpt
+from hpcpax.app import checkpoint_files as ckpt
 from hpcpax.app.metrics import read_metrics
 from hpcpax.app.trainer import Trainer
 from hpcpax.errors import CheckpointError

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
-from hpcpax.app import checkpoint as ckpt
+from hpcpax.app import checkpoint_files as ckpt
 from hpcpax.app.trainer import Trainer
 from hpcpax.data import CTRDataset, generate_ctr, write_ctr
 from hpcpax.errors import CheckpointError, DataError

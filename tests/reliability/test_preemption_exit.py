@@ -15,7 +15,7 @@ import json
 
 import pytest
 
-from hpcpax.app import checkpoint as ckpt
+from hpcpax.app import checkpoint_files as ckpt
 from hpcpax.app.preemption import EXIT_PREEMPTED
 from reliability_jobs import TINY, run_job, serial_only
 

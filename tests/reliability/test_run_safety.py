@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
-from hpcpax.app import checkpoint as ckpt
+from hpcpax.app import checkpoint_files as ckpt
 from hpcpax.app.metrics import read_metrics
 from hpcpax.app.trainer import Trainer
 from hpcpax.data import write_lm

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from hpcpax.app import checkpoint as ckpt
+from hpcpax.app import checkpoint_files as ckpt
 from reliability_jobs import ROOT, TINY, serial_only
 
 pytestmark = pytest.mark.slurm

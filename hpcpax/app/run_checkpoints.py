@@ -3,7 +3,7 @@
 :class:`RunCheckpoints` gathers the state of a run (the sparse variables'
 rows from their :class:`~hpcpax.sync.variable.VariableSync` objects, the dense
 parameters and their optimizer state from the first worker) into one
-:func:`hpcpax.app.checkpoint.save`, and puts it back after checking the
+:func:`hpcpax.app.checkpoint_files.save`, and puts it back after checking the
 checkpoint was written by the same training setup.
 """
 
@@ -21,7 +21,7 @@ from ..backend import to_host
 from ..comm.agreement import fingerprint
 from ..errors import CheckpointError, MismatchError
 from ..options import format_bytes
-from . import checkpoint as ckpt
+from . import checkpoint_files as ckpt
 from .config import TRAINING_KEYS
 
 __all__ = ["RunCheckpoints", "data_fingerprint", "check_writable"]
@@ -109,7 +109,7 @@ class RunCheckpoints:
         return self._data_fingerprint
 
     def handlers(self, sync, dense, dense_state, optimizer, xp) -> dict:
-        """The run's checkpoint commands, for a :class:`~hpcpax.app.commands.CommandChannel`.
+        """The run's checkpoint commands, for a :class:`~hpcpax.engine.commands.CommandChannel`.
 
         ``save(step, meta)`` writes one; ``load(path)`` returns ``(step, None)``
         or ``(None, why)`` for a damaged checkpoint (agreed on every rank);
