@@ -116,7 +116,10 @@ class BSPSteps:
         delta = cumulative if self._previous is None else cumulative - self._previous
         self._previous = cumulative
         record = step_record(step, figures.loss, figures.seconds, config["global_batch"],
-                             extra["mean_times"], delta, extra["cpu"])
+                             extra["mean_times"], delta, extra["cpu"],
+                             dilation=config["time_dilation"])
+        if t.emulated is not None:
+            record["emulated"] = True
         self.metrics.write(record)
         t.progress.update(1, figures.loss, record["samples_per_s"])
         if config["eval_every"] and (step % config["eval_every"] == 0 or step == config["steps"]):

@@ -118,6 +118,12 @@ FLAGS = (
          "(FACTOR - 1) x its compute time every step (tests, benchmarks)"),
     Flag("stalls", "str", None, "P:FACTOR: every worker sleeps (FACTOR - 1) x its compute time "
          "on a random fraction P of its steps (tests, benchmarks)"),
+    Flag("emulate_compute", "str", None, "emulated accelerators: a worker's forward/backward "
+         "becomes a wait holding no CPU, SECONDS, SECONDS+SECONDS/sample or a preset (lm1b); "
+         "exchanges, rows and optimizers stay real, the loss is not computed"),
+    Flag("time_dilation", "float", 1.0, "D: emulated compute x D, reported times / D (links "
+         "slowed by D by the cluster tool, python -m hpcpax.cluster up --dilation D)",
+         above=0.0),
     Flag("batch_shares", "str", None, "each worker's share of the global batch, 'A,B,...' "
          "(fixed; also under ssp/asp/psp) or 'speed' (bsp only: balanced BSP, shares that "
          "make the workers finish together, re-agreed every --rebalance-every steps); "
@@ -327,8 +333,11 @@ def _check_consistency(config):
     from .balance import check_run_time
     from .stragglers import parse_stalls, parse_straggler
 
+    from .emulation import parse_emulate_compute
+
     parse_straggler(config["straggler"])
     parse_stalls(config["stalls"])
+    parse_emulate_compute(config["emulate_compute"], config["time_dilation"])
     period = parse_dense_period(config["dense_period"])
     if check_run_time(config):  # consistency auto: decided at run time
         if period[:2] != (1, False):

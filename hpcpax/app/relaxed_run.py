@@ -194,12 +194,15 @@ class RelaxedSteps:
             batch = sum(r["batch"] for r in records)
             loss = sum(r["loss"] * r["batch"] for r in records) / batch
             t.losses.append(loss)
+            d = t.config["time_dilation"]  # times reported undilated
             line = {
                 "step": step, "loss": loss, "workers": len(records),
-                "samples_per_s": sum(r["batch"] / r["seconds"] for r in records),
-                "seconds": float(np.mean([r["seconds"] for r in records])),
-                "time": {k: float(np.mean([r["time"][k] for r in records]))
+                "samples_per_s": sum(r["batch"] / r["seconds"] for r in records) * d,
+                "seconds": float(np.mean([r["seconds"] for r in records])) / d,
+                "time": {k: float(np.mean([r["time"][k] for r in records])) / d
                          for k in records[0]["time"]}}
+            if t.emulated is not None:
+                line["emulated"] = True
             if "k" in records[0]:
                 line["dense_k"] = {str(r["worker"]): r["k"] for r in records}
             metrics.write(line)
@@ -404,7 +407,8 @@ class RelaxedSchedule:
             "consistency_groups": config["consistency_groups"],
             "guarantee": self.relaxed.default.guarantee, "worker_steps": clocks,
             "samples": samples,
-            "mean_samples_per_s": samples / seconds if seconds else None,
+            "mean_samples_per_s": (samples / seconds * config["time_dilation"]
+                                   if seconds else None),
             "staleness": staleness, "servers": servers, "trace": trace,
             "dense_period": self._period_record(changes) if self.steps.local else None}))
         return self.start_step, max(clocks), seconds

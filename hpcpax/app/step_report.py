@@ -74,7 +74,7 @@ def compute_step(trainer, rows, batch, position, step, clock) -> Computed:
     the global batch even for uneven (balanced) shards; exactly 1 for even
     ones. Local (not collective).
     """
-    result = trainer.model.forward_backward(trainer.dense, rows, batch, position)
+    result = trainer.compute.forward_backward(trainer.dense, rows, batch, position)
     local_batch = len(next(iter(batch.values())))
     scale = local_batch * trainer.topology.num_workers / trainer.config["global_batch"]
     clock.lap("compute")
@@ -117,9 +117,14 @@ def reduce_step(topology, loss, local_batch, times, flag, cpu_seconds=0.0) -> tu
             vector[3:head].tolist())
 
 
-def step_record(step, loss, seconds, global_batch, times, delta, cpu_seconds=None) -> dict:
+def step_record(step, loss, seconds, global_batch, times, delta, cpu_seconds=None,
+                dilation=1.0) -> dict:
     """The ``metrics.jsonl`` line of one step (``delta``: this step's bytes, as
     :func:`reduce_step` returns them).
+
+    ``dilation``: the run's time dilation ``D`` (:mod:`hpcpax.app.emulation`):
+    step and phase seconds and samples/s are reported undilated (divided by
+    ``D``), CPU seconds and ``cpu_busy`` as measured.
 
     ``cpu_seconds``: each worker's CPU seconds in the step (worker order), with
     ``cpu_busy`` (CPU seconds over the step's wall seconds, per worker): a
@@ -132,6 +137,9 @@ def step_record(step, loss, seconds, global_batch, times, delta, cpu_seconds=Non
     """
     per_phase = delta[:len(BYTE_PHASES) * len(_BYTE_FIELDS)].reshape(len(BYTE_PHASES), -1)
     owner = delta[len(BYTE_PHASES) * len(_BYTE_FIELDS):]
+    real = seconds
+    if dilation != 1.0:
+        seconds, times = seconds / dilation, {k: v / dilation for k, v in times.items()}
     record = {
         "step": step, "loss": loss, "samples_per_s": global_batch / seconds, "seconds": seconds,
         "time": times,
@@ -143,7 +151,7 @@ def step_record(step, loss, seconds, global_batch, times, delta, cpu_seconds=Non
         record["owner"] = {f: int(v) for f, v in zip(OWNER_FIELDS, owner)}
     if cpu_seconds is not None:
         record["cpu_seconds"] = [round(c, 6) for c in cpu_seconds]
-        record["cpu_busy"] = [round(c / seconds, 4) for c in cpu_seconds]
+        record["cpu_busy"] = [round(c / real, 4) for c in cpu_seconds]
     return record
 
 

@@ -40,6 +40,7 @@ from .run_checkpoints import RunCheckpoints
 from .config import resolve
 from .datasets import build_model, check_full_eval_memory, check_synthetic_memory, open_data
 from .device_choice import worker_device
+from .emulation import EmulatedCompute, parse_emulate_compute
 from .evaluation import evaluate
 from .loop import TrainingLoop
 from .metrics import MetricsWriter, ProgressBar, json_safe, read_metrics, write_json
@@ -86,6 +87,9 @@ class Trainer:
         self._bar = None
         self.summary_extra = {}  # fields added to summary.json (a relaxed run's figures)
         self.tables = {}
+        #: Start-up seconds: ``engine`` (its build, the plan's measurements included) and
+        #: ``total`` (from the start of :meth:`run` to the first step), in summary.json.
+        self.startup = {}
         #: The :class:`~hpcpax.engine.engine.Engine` (set up by :meth:`run`).
         self.engine = None
         #: The :class:`~hpcpax.app.loop.TrainingLoop` (workers, once training starts).
@@ -184,6 +188,7 @@ class Trainer:
         if config["consistency"] == "auto":
             hooks.append(self.schedule)  # auto measures the BSP steps it decides from
         self.loop = TrainingLoop(self.watchdog, self.schedule, hooks)
+        self.startup["total"] = time.perf_counter() - wall_start
         try:
             last = self.loop.run(first)
             start_step, last, train_seconds = self.schedule.finish(last)
@@ -203,15 +208,26 @@ class Trainer:
         request = resolve_plan(relaxed_run.plan_under(config, spec), [s.name for s in specs])
         self.dense, self.optimizer, self.dense_state = build.dense_variables(
             topo, self.model, config, self.device.xp)
+        began = time.perf_counter()
         self.engine = engine = build_engine(
             topo, specs, request, EngineSettings.from_config(config),
             dense=build.dense_shapes(self.model), watchdog=self.watchdog,
             run_dir=self.run_dir, log=self.log)
+        # the parameter server, the tables' layout, the plan's start-up measurements
+        self.startup["engine"] = time.perf_counter() - began
         engine.commands.handlers.update({
             **self.checkpoints.handlers(engine.sync, self.dense, self.dense_state,
                                         self.optimizer, self.device.xp),
             "stop": self.note_stop, "trace": self._write_trace,
             "tables": lambda: table_report(topo.comm, engine.ps)})
+        #: The emulated accelerator (``--emulate-compute``), or None.
+        self.emulated = None
+        modeled = parse_emulate_compute(config["emulate_compute"], config["time_dilation"])
+        if modeled is not None:
+            self.emulated = EmulatedCompute(modeled, self.model.dense_shapes(), self.model.dtype,
+                                            self.device.xp)
+        #: What runs a step's forward and backward: the model, or the emulated accelerator.
+        self.compute = self.emulated if self.emulated is not None else self.model
         self.stragglers = Stragglers.for_topology(config, topo)
         self.balance = BatchBalancer(config["batch_shares"], config["rebalance_every"], topo,
                                      config["global_batch"], self.log)
@@ -350,7 +366,8 @@ class Trainer:
                 self.config["global_batch"], unsteady_steps(self.config, start_step,
                                                             self.engine.planning))
         summary = summarize(topo, self.losses, start_step=start_step, last=last,
-                            steady=steady, train_seconds=train_seconds,
+                            steady=steady,
+                            train_seconds=train_seconds / self.config["time_dilation"],
                             wall=time.perf_counter() - wall_start,
                             checkpoints=self.checkpoints, preempted=self.preempted,
                             signal=self.preemption.signal_name if self.preempted else None,
@@ -362,6 +379,10 @@ class Trainer:
         self._bar.close()
         summary.update(self.summary_extra)
         summary["tables"] = self.tables
+        summary["startup_seconds"] = {k: round(v, 4) for k, v in self.startup.items()}
+        summary["time_dilation"] = self.config["time_dilation"]
+        summary["emulated_compute"] = (self.emulated.compute.to_dict()
+                                       if self.emulated is not None else None)
         write_json(os.path.join(self.run_dir, "summary.json"), summary)
         record_run(self.engine, self.config)  # one record in the run log (never raises)
         if not self.config["quiet"]:

@@ -3,6 +3,7 @@
 Examples (as root)::
 
     python -m hpcpax.cluster up --nodes 2 --rate 2gbit        # 2 nodes, links checked
+    python -m hpcpax.cluster up --nodes 16 --rate 1gbit --dilation 4   # links at 250mbit
     python -m hpcpax.cluster mpirun --ranks-per-node 2 -- python -m hpcpax.train --steps 20
     python -m hpcpax.cluster status
     python -m hpcpax.cluster down                             # idempotent
@@ -35,6 +36,9 @@ def _parser():
     up.add_argument("--rate", default="2gbit", help="link rate per node and direction (2gbit)")
     up.add_argument("--delay", default="0",
                     help="added one-way latency between nodes, e.g. 100us (needs netem)")
+    up.add_argument("--dilation", type=float, default=1.0,
+                    help="time dilation D >= 1: links D times slower (rate / D, delay x D), "
+                         "for runs with --time-dilation D (default 1)")
     up.add_argument("--subnet", default="", help="IPv4 subnet (default from the prefix)")
     up.add_argument("--slurm", action="store_true", help="also start one slurmd per node")
     up.add_argument("--no-check", action="store_true",
@@ -86,7 +90,14 @@ def main(argv=None) -> int:
     args = _parser().parse_args(argv)
     try:
         if args.command == "up":
-            spec = up(args.nodes, rate=args.rate, delay=args.delay, prefix=args.name_prefix,
+            rate, delay = args.rate, args.delay
+            if args.dilation != 1.0:
+                from .spec import dilate
+
+                rate, delay = dilate(rate, delay, args.dilation)
+                print(f"dilation {args.dilation:g}: links at {rate} (undilated {args.rate}), "
+                      f"added delay {delay}")
+            spec = up(args.nodes, rate=rate, delay=delay, prefix=args.name_prefix,
                       subnet=args.subnet, slurm=args.slurm, check_links=not args.no_check)
             _print_status(status(spec.prefix))
         elif args.command == "down":

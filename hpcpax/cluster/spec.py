@@ -46,6 +46,25 @@ def parse_rate(text) -> int:
     return int(bits)
 
 
+def dilate(rate, delay, dilation) -> tuple:
+    """``(rate, delay)`` in tc's notation for a cluster slowed ``dilation`` times.
+
+    Time dilation (see ``hpcpax.app.emulation``): links run ``dilation`` times
+    slower (the rate divided, the added latency multiplied) while the run
+    multiplies its emulated compute by the same factor and reports its times
+    divided by it. Raises ConfigError for a dilation not >= 1.
+    """
+    if isinstance(dilation, bool) or not isinstance(dilation, (int, float)) or dilation < 1:
+        raise ConfigError(f"dilation must be a number >= 1, not {dilation!r}")
+    bits = parse_rate(rate) / dilation
+    if bits < 1e6:
+        raise ConfigError(f"rate {rate} / dilation {dilation:g} is below 1mbit")
+    seconds = parse_delay(delay) * dilation
+    if seconds > 1.0:
+        raise ConfigError(f"delay {delay} x dilation {dilation:g} is above 1s")
+    return f"{int(round(bits))}bit", f"{seconds * 1e6:.3f}us"
+
+
 def parse_delay(text) -> float:
     """One-way added latency in seconds from tc's notation (``100us``, ``1ms``, ``0``)."""
     match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(text))

@@ -53,6 +53,8 @@ HANDOFF_WORK_S = (0.0, 300e-6, 1500e-6)
 #: fresh ``Allreduce`` on 3 workers here was predicted 10.2-21.2 ms over 5
 #: calibrations (direct: 15.5-23.1 ms); with 16 MiB added, 17.7-21.6 ms.
 ALLREDUCE_SIZES = (256, 64 << 10, 1 << 20, 8 << 20, 16 << 20)
+#: Seconds each of the two Allreduce measurements of :func:`calibrate` may take.
+ALLREDUCE_BUDGET_S = 1.0
 
 
 def fit_relative(sizes, seconds) -> tuple:
@@ -82,8 +84,9 @@ def fit_relative(sizes, seconds) -> tuple:
 
 
 def measure_allreduce(comm, sizes=ALLREDUCE_SIZES, repeats: int = 9,
-                      fresh: bool = False) -> dict | None:
-    """``{"latency_s", "bandwidth_Bps"}`` of ``Allreduce`` over ``comm``; **collective**.
+                      fresh: bool = False, budget_s: float | None = None) -> dict | None:
+    """``{"latency_s", "bandwidth_Bps", "sizes"}`` of ``Allreduce`` over ``comm`` (``sizes``:
+    the sizes timed); **collective**.
 
     Each size is timed ``repeats`` times in a row (the slowest rank's time,
     after a barrier), after one untimed call of that size, as a step calls
@@ -96,13 +99,24 @@ def measure_allreduce(comm, sizes=ALLREDUCE_SIZES, repeats: int = 9,
     interleaved against 7-8 us + 1.8-2.8 GB/s in a row, and a 12.8 MB fresh
     ``Allreduce`` in a row took 4.2-5.1 ms, where the interleaved fit said
     12.8 ms (the allocator's thresholds move with the sizes freed before).
+
+    ``budget_s``: sizes are timed smallest first, and a size whose predicted
+    time (from the sizes timed so far) would take the measurement past the
+    budget is left out (at least two sizes are always timed). The decision
+    uses the slowest rank's times, so every rank takes it alike.
     """
     from ..comm.reductions import largest, sum_in_place
 
     if comm is None or comm.Get_size() < 2:
         return None
     seconds = {}
-    for size in sizes:
+    began = time.perf_counter()
+    for size in sorted(sizes):
+        if budget_s is not None and len(seconds) >= 2:
+            latency, bandwidth = fit_relative(list(seconds), list(seconds.values()))
+            spent = largest(comm, time.perf_counter() - began)
+            if spent + (repeats + 1) * (latency + size / bandwidth) > budget_s:
+                break  # every rank breaks here: the same figures (the slowest rank's)
         buf = None if fresh else np.zeros(size // 4, np.float32)
         times = []
         for _ in range(repeats + 1):  # the first call's time is dropped
@@ -113,9 +127,10 @@ def measure_allreduce(comm, sizes=ALLREDUCE_SIZES, repeats: int = 9,
             times.append(largest(comm, time.perf_counter() - start))
             del data  # freed before the next call allocates, as between two steps
         seconds[size] = float(np.median(times[1:]))
+    timed = sorted(seconds)
     latency, bandwidth = comm.bcast(
-        fit_relative(list(sizes), [seconds[s] for s in sizes]), root=0)
-    return {"latency_s": latency, "bandwidth_Bps": bandwidth}
+        fit_relative(timed, [seconds[s] for s in timed]), root=0)
+    return {"latency_s": latency, "bandwidth_Bps": bandwidth, "sizes": timed}
 
 
 def measure_handoff(comm, work_s=HANDOFF_WORK_S, repeats: int = 60, topology=None) -> dict:
@@ -288,12 +303,15 @@ def calibrate(topology, fabric_seconds: float = 1.0, dim: int = 64) -> dict:
     one_host = on_one_host(comm)
     fabric = measure_fabric(topology, budget_s=fabric_seconds).to_dict()
     fabric.update(duplex=not one_host, shared_nic=not one_host)
-    for key, fresh in (("allreduce", False), ("allreduce_fresh", True)):
-        measured = measure_allreduce(topology.workers, fresh=fresh) if topology.is_worker \
-            else None
+    # on one host the model's Allreduce figures are measured (the alpha-beta links do
+    # not price shared memory's copies); across hosts the fabric's links price it, and
+    # nothing is sent for a figure the model would not use
+    for key, fresh in (("allreduce", False), ("allreduce_fresh", True)) if one_host else ():
+        measured = measure_allreduce(topology.workers, fresh=fresh,
+                                     budget_s=ALLREDUCE_BUDGET_S) if topology.is_worker else None
         idle_barrier(comm)  # the servers wait for the workers' timing without spinning
         measured = comm.bcast(measured, root=topology.worker_ranks[0])
-        if measured is not None and one_host:
+        if measured is not None:
             fabric[key] = measured
     handoff = measure_handoff(comm, topology=topology)
     comm.Barrier()

@@ -1,0 +1,157 @@
+"""Emulated accelerator compute (``--emulate-compute``) and time dilation (``--time-dilation``).
+
+On a GPU cluster a worker's host CPU mostly waits while its accelerator
+computes the forward and backward pass. On a machine with fewer cores than
+ranks, a real forward/backward instead takes a core from every other rank
+and the links never bind. With ``--emulate-compute`` a worker's forward and
+backward become a wait of a modeled duration that holds no CPU
+(``time.sleep``); everything else stays real: the data's ids, the pulled
+rows, pushed row gradients for exactly the rows pulled (synthetic,
+deterministic: every value ``GRAD_VALUE``), dense gradients of the model's
+real shapes, every exchange, the servers' optimizer. The loss is not
+computed (reported as 0.0; metrics and ``summary.json`` carry
+``"emulated_compute"``): an emulated run measures time and bytes, not
+convergence.
+
+The modeled duration of a step on a shard of ``n`` samples is
+``(fixed + per_sample x n) x D``; ``--straggler`` and ``--stalls`` multiply
+it as they do real compute (their delay is charged after it).
+
+Time dilation ``D`` (``--time-dilation``) slows the whole emulated cluster
+by ``D``: the cluster tool divides its link rates by ``D``
+(``python -m hpcpax.cluster up --dilation D``), modeled compute is
+multiplied by ``D``; every time ``metrics.jsonl`` and ``summary.json``
+report (step and phase seconds, samples/s, ``train_seconds``) is divided by
+``D`` again, so results are in undilated units (``time_dilation`` says
+which ``D``); ``wall_seconds``, CPU seconds and ``cpu_busy`` stay real.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import ConfigError
+
+__all__ = ["ComputeModel", "parse_emulate_compute", "EmulatedCompute", "GRAD_VALUE"]
+
+#: Every value of an emulated gradient (sparse rows and dense tensors).
+GRAD_VALUE = 1e-6
+
+
+@dataclass(frozen=True)
+class ComputeModel:
+    """A modeled forward/backward: ``(fixed_s + per_sample_s x samples) x dilation`` seconds.
+
+    Attributes:
+        fixed_s: seconds per step whatever the shard's size.
+        per_sample_s: seconds per sample of the worker's shard.
+        dilation: the time dilation ``D`` (>= 1 slows the emulated cluster).
+        source: how it was given (the flag's value), for the metrics.
+    """
+
+    fixed_s: float = 0.0
+    per_sample_s: float = 0.0
+    dilation: float = 1.0
+    source: str = ""
+
+    def seconds(self, samples) -> float:
+        """The (dilated) wait of a step on ``samples`` samples."""
+        return (self.fixed_s + self.per_sample_s * samples) * self.dilation
+
+    def to_dict(self) -> dict:
+        """For ``summary.json`` and the metrics."""
+        return {"fixed_s": self.fixed_s, "per_sample_s": self.per_sample_s,
+                "time_dilation": self.dilation, "source": self.source}
+
+
+def parse_emulate_compute(spec, dilation=1.0) -> ComputeModel | None:
+    """``--emulate-compute`` -> :class:`ComputeModel` (None for ``off`` or None).
+
+    Forms: ``SECONDS`` (per step), ``SECONDS+SECONDS/sample`` (fixed plus per
+    sample), ``SECONDS/sample``, or a preset name (``lm1b``: its
+    ``compute_ms`` over its ``samples_per_worker``, per sample).
+
+    Raises:
+        ConfigError: anything else, or a negative time, or a dilation not > 0.
+    """
+    if not isinstance(dilation, (int, float)) or isinstance(dilation, bool) or dilation <= 0:
+        raise ConfigError(f"time_dilation must be a number > 0, not {dilation!r}")
+    if spec is None or str(spec).strip().lower() in ("", "off", "none"):
+        return None
+    text = str(spec).strip()
+    fixed = per_sample = 0.0
+    try:
+        for part in text.split("+"):
+            part = part.strip()
+            if part.endswith("/sample"):
+                per_sample += float(part[:-len("/sample")])
+            else:
+                fixed += float(part)
+    except ValueError:
+        per_sample, fixed = _preset(text), 0.0
+    if fixed < 0 or per_sample < 0 or not np.isfinite(fixed + per_sample):
+        raise ConfigError(f"emulate_compute times must be finite and >= 0, not {text!r}")
+    return ComputeModel(fixed, per_sample, float(dilation), text)
+
+
+def _preset(name) -> float:
+    from ..plan.sim import load_preset
+
+    try:
+        preset = load_preset(name)
+    except (OSError, ValueError, KeyError) as exc:
+        raise ConfigError(f"emulate_compute must be SECONDS, SECONDS+SECONDS/sample or a "
+                          f"preset name (lm1b, ...), not {name!r} ({exc})") from None
+    if "compute_ms" not in preset or not preset.get("samples_per_worker"):
+        raise ConfigError(f"emulate_compute: preset {name!r} has no compute_ms per "
+                          "samples_per_worker")
+    return preset["compute_ms"] / 1e3 / preset["samples_per_worker"]
+
+
+class EmulatedCompute:
+    """A model's forward/backward replaced by a wait that holds no CPU (see the module doc).
+
+    Args:
+        compute: the :class:`ComputeModel`.
+        dense_shapes: ``{name: shape}`` of the model's dense parameters.
+        dtype: their dtype.
+        xp: the array module (NumPy or CuPy).
+    """
+
+    def __init__(self, compute, dense_shapes, dtype, xp=np):
+        self.compute, self.xp, self.dtype = compute, xp, np.dtype(dtype)
+        self._dense = {name: xp.full(tuple(shape), GRAD_VALUE, self.dtype)
+                       for name, shape in dense_shapes.items()}
+        self._rows = {}  # table -> a buffer of GRAD_VALUE rows, grown as needed
+        #: Seconds waited in all (dilated).
+        self.waited = 0.0
+
+    def forward_backward(self, dense, rows, batch, position):
+        """Wait the modeled time; gradients of the real shapes for the rows pulled.
+
+        Returns a :class:`~hpcpax.models.base.StepResult` with loss 0.0.
+        """
+        from ..models.base import StepResult
+
+        samples = len(next(iter(batch.values())))
+        seconds = self.compute.seconds(samples)
+        if seconds > 0:
+            time.sleep(seconds)  # the accelerator computes; the host holds no core
+        self.waited += seconds
+        sparse = {}
+        for name, (ids, values) in rows.items():
+            sparse[name] = (ids, self._row_grads(name, values))
+        dense_grads = {name: self._dense[name] for name in dense} if dense else dict(self._dense)
+        return StepResult(0.0, {"loss": 0.0}, dense_grads, sparse)
+
+    def _row_grads(self, name, values):
+        n = int(values.shape[0])
+        shape = tuple(values.shape[1:])
+        buffer = self._rows.get(name)
+        if buffer is None or buffer.shape[0] < n or buffer.shape[1:] != shape:
+            buffer = self.xp.full((max(n, 1024),) + shape, GRAD_VALUE, values.dtype)
+            self._rows[name] = buffer
+        return buffer[:n]
