@@ -32,6 +32,8 @@ __all__ = [
 #: Ping-pong message sizes (bytes) and round trips per size.
 PING_PONG_SIZES = (8, 64 << 10, 1 << 20)
 PING_PONG_REPEATS = (40, 12, 6)
+#: Bytes of the warm-up Allreduce that sizes :func:`autotune_bucket_bytes`' pattern.
+WARMUP_BYTES = 1 << 20
 #: Fusion sizes tried by :func:`autotune_bucket_bytes`.
 BUCKET_CANDIDATES = (64 << 10, 256 << 10, 1 << 20, 2 << 20, 4 << 20, 8 << 20)
 #: Bucket size when nothing was measured: about an L2 cache, where MPI's
@@ -184,23 +186,40 @@ def autotune_bucket_bytes(comm, candidates=BUCKET_CANDIDATES, budget_s=0.3) -> i
     # Time the engine's own pattern: a fixed total cut into buckets of each
     # candidate size, reduced one after the other, candidates interleaved over
     # rounds and judged by their median, so a burst of noise on a shared
-    # machine cannot crown one size.
-    total = max(candidates) * 2
+    # machine cannot crown one size. The total is sized in seconds, not bytes:
+    # a warm-up of WARMUP_BYTES estimates the link, and the total is what lets
+    # two rounds of every candidate fit the budget (at most twice the largest
+    # candidate; candidates above it are dropped). The clock is checked after
+    # every candidate, so a slow link ends the measurement within one pattern.
+    warm = np.zeros(WARMUP_BYTES // 4, np.float32)
+    comm.Barrier()
+    start = time.perf_counter()
+    comm.Allreduce(MPI.IN_PLACE, warm)  # also pages in and sets up the channels
+    per_byte = comm.allreduce(time.perf_counter() - start, op=MPI.MAX) / WARMUP_BYTES
+    per_byte = comm.bcast(per_byte, root=0)
+    affordable = budget_s / (2 * len(candidates)) / max(per_byte, 1e-12)
+    total = int(min(2 * max(candidates), max(min(candidates), affordable)))
+    candidates = [size for size in sorted(candidates) if size <= total] or [min(candidates)]
+    total = max(total // 4 * 4, max(candidates))
     buf = np.zeros(total // 4, np.float32)
-    comm.Allreduce(MPI.IN_PLACE, buf)  # warm-up: page in, set up the channels
     rounds = 3
     seconds = {size: [] for size in candidates}
     deadline = time.perf_counter() + budget_s
+    over = False
     for round_index in range(rounds):
         for size in candidates:
             comm.Barrier()
             start = time.perf_counter()
             _bucketed_allreduce(comm, buf, size // 4)
             seconds[size].append(comm.allreduce(time.perf_counter() - start, op=MPI.MAX))
-        # same decision on every rank: rank 0's clock
-        if round_index and comm.bcast(time.perf_counter() > deadline, root=0):
+            # same decision on every rank: rank 0's clock
+            over = comm.bcast(time.perf_counter() > deadline, root=0)
+            if over:
+                break
+        if over:
             break
-    best = min(candidates, key=lambda size: (float(np.median(seconds[size])), size))
+    timed = [size for size in candidates if seconds[size]]
+    best = min(timed, key=lambda size: (float(np.median(seconds[size])), size))
     best = comm.bcast(best, root=0)
     _BUCKET_CACHE[key] = best
     return best
