@@ -55,6 +55,8 @@ HANDOFF_WORK_S = (0.0, 300e-6, 1500e-6)
 ALLREDUCE_SIZES = (256, 64 << 10, 1 << 20, 8 << 20, 16 << 20)
 #: Seconds each of the two Allreduce measurements of :func:`calibrate` may take.
 ALLREDUCE_BUDGET_S = 1.0
+#: Seconds :func:`calibrate`'s measurement of the operations' fixed costs may take.
+OPERATIONS_BUDGET_S = 3.0
 
 
 def fit_relative(sizes, seconds) -> tuple:
@@ -320,7 +322,7 @@ def calibrate(topology, fabric_seconds: float = 1.0, dim: int = 64) -> dict:
     kernels = {name: {key: float(np.median([r[name][key] for r in everyone]))
                       for key in ("call_s", "unit_s")} for name in mine}
     comm.Barrier()
-    software = measure_operations(topology)
+    software = measure_operations(topology, budget_s=OPERATIONS_BUDGET_S)
     per_partition = software.pop("per_partition")["call_s"]
     return {"fabric": fabric, "kernels": kernels, "handoff": handoff, "software": software,
             "software_scope": "job", "partition_overhead_s": per_partition,

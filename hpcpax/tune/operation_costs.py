@@ -150,8 +150,12 @@ def _evict(_name):
     evict_caches()
 
 
+#: Timed repeats every part of :func:`measure_operations` keeps under a budget.
+MIN_REPEATS = 3
+
+
 def measure_operations(topology, counts=(1, 8), repeats: int = 15, dim: int = 16,
-                       cold=_evict) -> dict:
+                       cold=_evict, budget_s: float | None = None) -> dict:
     """hpcpax's fixed seconds per operation on this job's ranks; **collective**.
 
     Like :func:`measure_software`, but each operation runs on ``topology``
@@ -200,6 +204,14 @@ def measure_operations(topology, counts=(1, 8), repeats: int = 15, dim: int = 16
     the two tables alternating; :func:`per_partition` of the paired
     differences of pulls and pushes), the model's
     ``CostParams.partition_overhead_s``.
+
+    ``budget_s``: seconds the measurement may take (None: ``repeats`` in
+    every part). Each of its five parts (replicated operations, the idle
+    collectives, the PS operations, the serving collectives, the partition
+    pairs) gets a fifth; after its warm-up and first timed repeat (the
+    slowest worker's time, so every worker agrees) it keeps as many repeats
+    as fit, at least :data:`MIN_REPEATS` and at most ``repeats``. On a slow
+    link this is what keeps start-up in seconds.
     """
     from ..comm.allreduce import DenseAllreduce
     from ..comm.reductions import sum_in_place
@@ -289,9 +301,15 @@ def measure_operations(topology, counts=(1, 8), repeats: int = 15, dim: int = 16
     calls.update({(name, k): make(k) for name, _, make, _ in idle for k in counts})
     times.update({(name, k): [] for name, _, _, _ in idle for k in counts})
 
+    share = None if budget_s is None else budget_s / 5
+
     def run_sequence(sequence):
         topology.workers.Barrier()
-        for repeat in range(repeats + 1):  # the first is a warm-up
+        began, last = time.perf_counter(), repeats
+        repeat = 0
+        while repeat <= last:  # the first is a warm-up
+            if repeat == 2:
+                last = _repeats_within(topology.workers, share, began, repeats)
             for k in variants:
                 # one after the other as in a step (no barrier): each call pays the
                 # hand-off from the one before, with ranks arriving as they come
@@ -306,6 +324,7 @@ def measure_operations(topology, counts=(1, 8), repeats: int = 15, dim: int = 16
                     calls[(name, k)]()
                     if repeat:
                         times[(name, k)].append(time.perf_counter() - start)
+            repeat += 1
 
     # the replicated tables' operations first, while the servers hold no table and
     # wait as they do when every table is replicated (server_wait_cap: idle), then
@@ -325,7 +344,12 @@ def measure_operations(topology, counts=(1, 8), repeats: int = 15, dim: int = 16
     set_aggregation(True)()
     pair = {"default": keys[0], "partitioned": "calibrate_partitioned"}
     alone = {(kind, op): [] for kind in pair for op in ("pull", "push")}
+    began, last = time.perf_counter(), repeats
     for repeat in range(repeats + 1):
+        if repeat == 2:
+            last = _repeats_within(topology.workers, share, began, repeats)
+        if repeat > last:
+            break
         for kind, name in pair.items():
             for op, call in (("pull", pull([name])), ("push", push([name]))):
                 topology.workers.Barrier()
@@ -362,6 +386,20 @@ def measure_operations(topology, counts=(1, 8), repeats: int = 15, dim: int = 16
                      "per_variable_s": per, "per_row_s": per_row}
     out["per_partition"] = {"call_s": per_partition(diffs, extra_parts), "per_variable_s": 0.0}
     return comm.bcast(out, root=topology.worker_ranks[0])
+
+
+def _repeats_within(workers, share, began, repeats) -> int:
+    """The timed repeats a part keeps after two (warm-up + one): as many as fit ``share``
+    seconds at the slowest worker's pace so far, in ``[MIN_REPEATS, repeats]``;
+    **collective** over ``workers`` (None: ``repeats``, nothing exchanged)."""
+    if share is None:
+        return repeats
+    from ..comm.reductions import largest
+
+    spent = largest(workers, time.perf_counter() - began)
+    per_repeat = spent / 2
+    fit = 1 + int(max(share - spent, 0.0) // max(per_repeat, 1e-9))
+    return int(min(repeats, max(MIN_REPEATS, fit)))
 
 
 def per_partition(differences, extra_parts) -> float:

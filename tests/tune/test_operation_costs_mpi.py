@@ -77,3 +77,26 @@ def test_operations_after_a_workers_own_work_are_timed_cold(comm):
     got = {name: calls.count(name) for name in set(calls)}
     ok = got == want
     assert comm.allreduce(ok, op=MPI.LAND), (got, want)
+
+
+@pytest.mark.mpi(min_size=3)
+@pytest.mark.timeout(180)
+def test_a_budget_cuts_every_part_to_the_repeats_that_fit(comm):
+    """With a budget no repeat fits, every part keeps MIN_REPEATS timed repeats (all
+    workers alike, the slowest one's pace decides) instead of ``repeats``: a slow link
+    cannot stretch start-up; the figures are still complete."""
+    from hpcpax.tune.operation_costs import COLD_OPERATIONS, MIN_REPEATS
+
+    calls = []
+    topo = hpcpax.init(None, 1, comm=comm)
+    try:
+        costs = measure_operations(topo, counts=(1, 3), repeats=12, cold=calls.append,
+                                   budget_s=1e-9)
+        worker = topo.is_worker
+    finally:
+        topo.free()
+    variants = {name: 2 if name == "allreduce_push" else 3 for name in COLD_OPERATIONS}
+    want = {name: (MIN_REPEATS + 1) * n for name, n in variants.items()} if worker else {}
+    got = {name: calls.count(name) for name in set(calls)}
+    ok = got == want and all(v["call_s"] >= 0 for v in costs.values())
+    assert comm.allreduce(ok, op=MPI.LAND), (got, want)
