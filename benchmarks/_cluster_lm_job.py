@@ -68,14 +68,23 @@ class WireMeter:
         return [int(marks[i + 1] - marks[i]) for i in range(offset, len(marks) - 1, every)]
 
 
+#: Methods beyond ``--plan`` values: ``ps`` without local aggregation.
+PLAN_OF = {"ps_no_aggregation": "ps"}
+
+
 def lm_config(args, method, run_dir):
-    return {"model": "lm", "vocab_size": args.vocab_size, "context": args.context,
-            "emb_dim": args.emb_dim, "hidden": [args.hidden], "out_dim": args.out_dim,
-            "num_sampled": args.num_sampled, "global_batch": args.global_batch,
-            "steps": args.steps, "plan": method, "plan_steps": args.plan_steps,
-            "servers_per_node": 0, "optimizer": "sgd", "lr": 0.05, "sparse_optimizer": "sgd",
-            "sparse_lr": 0.1, "synthetic_samples": max(200_000, 8 * args.global_batch * 4),
-            "run_dir": run_dir, "quiet": True}
+    config = {"model": "lm", "vocab_size": args.vocab_size, "context": args.context,
+              "emb_dim": args.emb_dim, "hidden": [args.hidden], "out_dim": args.out_dim,
+              "num_sampled": args.num_sampled, "global_batch": args.global_batch,
+              "steps": args.steps, "plan": PLAN_OF.get(method, method),
+              "plan_steps": args.plan_steps, "servers_per_node": args.servers_per_node,
+              "optimizer": "sgd", "lr": 0.05, "sparse_optimizer": "sgd", "sparse_lr": 0.1,
+              "synthetic_samples": max(200_000, 8 * args.global_batch * 4),
+              "run_dir": run_dir, "quiet": True,
+              "local_aggregation": method != "ps_no_aggregation"}
+    if args.emulate_compute:
+        config.update(emulate_compute=args.emulate_compute, time_dilation=args.time_dilation)
+    return config
 
 
 def timed(records, args):
@@ -100,6 +109,8 @@ def read_run(run_dir, args):
                                          for r in rows])),
         "final_loss": rows[-1]["loss"],
         "steps_timed": [rows[0]["step"], rows[-1]["step"]],
+        # each worker's CPU seconds over its step's wall seconds, the largest
+        "cpu_busy_max": max(max(r.get("cpu_busy") or [0.0]) for r in rows),
     }
 
 
@@ -192,6 +203,9 @@ def main():
                           ("warmup", 2)):
         parser.add_argument(f"--{flag}", type=int, default=default)
     parser.add_argument("--methods", default="auto,allgather,ps,torch")
+    parser.add_argument("--servers-per-node", type=int, default=0)
+    parser.add_argument("--emulate-compute", default=None)
+    parser.add_argument("--time-dilation", type=float, default=1.0)
     args = parser.parse_args()
     from hpcpax.app.trainer import Trainer
 
@@ -239,6 +253,9 @@ def main():
         hp_wire = meter.deltas(1, offset=first)
         if comm.Get_rank() == 0:
             result = read_run(run_dir, args)
+            summary = json.load(open(os.path.join(run_dir, "summary.json")))
+            result["cpu_busy_ranks"] = summary.get("cpu_busy")
+            result["startup_seconds"] = summary.get("startup_seconds")
             result["wire_bytes_per_step"] = float(np.mean(hp_wire)) if hp_wire else None
             result["wall_seconds"] = wall
             plan, entries = plan_methods(run_dir)

@@ -1,0 +1,219 @@
+"""Samples/s against nodes per method, on real MPI traffic: emulated accelerators, dilated links.
+
+Brings up an emulated cluster itself (``python -m hpcpax.cluster``: network
+namespaces as nodes, one rank per node, links shaped to ``--rate / --dilation``)
+and tears it down at the end, also on failure; without root or ``ip netns``
+it prints one JSON line with ``skipped``.
+
+Every worker's forward and backward is emulated (``--emulate-compute``,
+default the ``lm1b`` preset's 100 ms per 128 sequences, times the dilation):
+a wait that holds no CPU, so 2-16 ranks on a 2-core machine measure the
+links and hpcpax's mechanisms, not CPU contention; everything else is real
+(ids, rows, pushes, dense gradients of the model's shapes, exchanges, the
+optimizer). Reported times are undilated (``--time-dilation``). Weak
+scaling, as Parallax's chart: ``--per-worker`` samples per worker per step.
+
+Model: LM-1B-shaped, scaled to this machine's memory (an allgather worker
+holds every table whole): ``--vocab-size`` rows (default 200,000), embedding
+and softmax width 64, one hidden layer of 256, 1,024 sampled negatives,
+Zipf(1.1) tokens, SGD; every rank a worker hosting partitions
+(``servers_per_node=0``).
+
+Methods (each a ``Trainer`` run in one ``mpirun`` per round, the order
+rotated per round): ``hybrid`` (Parallax's rule: sparse on the PS, dense
+allreduce), ``auto`` (the cost model), ``allgather`` (Horovod's sparse
+allgather), ``ps_no_aggregation`` (the PS without local aggregation) and
+``allreduce`` (densified tables). Torch DDP is not run here: its compute is
+real (its row would measure CPU contention again).
+
+A run counts only where its workers' ``cpu_busy_max`` (CPU seconds over step
+wall seconds, the largest worker and step) is at most ``--cpu-busy-limit``
+(0.6): then the links and the mechanisms set the step time.
+
+Keys: ``samples_per_s`` (per method, per node count: median, min, max),
+``ratio_hybrid_vs_allgather_N``, ``scaling_hybrid_N_vs_2``,
+``ratio_auto_vs_best_fixed_min`` (worst node count), ``cpu_busy_max``,
+``offnode_bytes`` per method and node count (accounting, per step),
+``wire_bytes`` (the veths' counters), ``valid`` (the runs under the CPU
+limit); a PNG of samples/s against nodes per method beside the results when
+matplotlib is installed (``--png``).
+
+Usage: ``python benchmarks/scaling.py [--quick] [--nodes 2,4,8,16] [--rounds 3]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, ROOT)
+sys.path.insert(0, HERE)
+import _common  # noqa: E402
+from cluster_lm import _spread  # noqa: E402
+
+PREFIX, SUBNET = "hpk", "10.213.248.0/24"
+METHODS = ("hybrid", "auto", "allgather", "ps_no_aggregation", "allreduce")
+FULL = {"vocab-size": 200_000, "emb-dim": 64, "out-dim": 64, "hidden": 256,
+        "num-sampled": 1024, "context": 4, "steps": 16, "plan-steps": 5, "warmup": 2}
+QUICK = {"vocab-size": 20_000, "emb-dim": 16, "out-dim": 16, "hidden": 32,
+         "num-sampled": 128, "context": 4, "steps": 8, "plan-steps": 3, "warmup": 1}
+
+
+def run_round(spec, nodes, methods, sizes, args, timeout):
+    """One ``mpirun`` of ``_cluster_lm_job.py`` over ``nodes`` nodes; its JSON line."""
+    from hpcpax.cluster import mpirun_argv, mpirun_env
+
+    job = {**sizes, "global-batch": args.per_worker * nodes}
+    argv = [sys.executable, "-m", "mpi4py", os.path.join(HERE, "_cluster_lm_job.py"),
+            "--methods", ",".join(methods), "--emulate-compute", args.emulate_compute,
+            "--time-dilation", str(args.dilation)]
+    argv += [a for k, v in job.items() for a in (f"--{k}", str(v))]
+    env = mpirun_env()
+    env.update({"OMP_NUM_THREADS": "1", "NUMBA_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
+                "PYTHONWARNINGS": "ignore", "MPIEXEC_TIMEOUT": str(timeout),
+                "PYTHONPATH": ROOT + os.pathsep + env.get("PYTHONPATH", "")})
+    done = subprocess.run(mpirun_argv(spec, 1, argv, nodes=nodes), cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=timeout + 30)
+    lines = [t for t in done.stdout.splitlines() if t.startswith("{")]
+    if done.returncode != 0 or not lines:
+        raise RuntimeError(f"round on {nodes} nodes failed ({done.returncode}): "
+                           f"{(done.stderr or done.stdout)[-1500:]}")
+    return json.loads(lines[-1])
+
+
+def per_nodes(jobs, limit):
+    """Per method over the rounds of one node count."""
+    out = {}
+    for name in METHODS:
+        runs = [j["methods"][name] for j in jobs if name in j["methods"]]
+        if not runs:
+            continue
+        out[name] = {
+            "samples_per_s": _spread([r["samples_per_s"] for r in runs]),
+            "cpu_busy_max": max(r["cpu_busy_max"] for r in runs),
+            "valid": all(r["cpu_busy_max"] <= limit for r in runs),
+            "offnode_bytes_per_step": _spread([r["offnode_bytes_per_step"] for r in runs]),
+            "wire_bytes_per_step": _spread([r.get("wire_bytes_per_step") for r in runs]),
+            "seconds_by_phase": runs[-1]["seconds_by_phase"],
+            "plan": runs[-1]["plan"], "startup_seconds": runs[-1].get("startup_seconds")}
+    return out
+
+
+def plot(results, node_counts, path):
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for name in METHODS:
+        xs = [n for n in node_counts if name in results.get(f"nodes_{n}", {})]
+        ys = [results[f"nodes_{n}"][name]["samples_per_s"]["median"] for n in xs]
+        if xs:
+            ax.plot(xs, ys, marker="o", label=name)
+    ax.set_xlabel("nodes (one emulated accelerator each)")
+    ax.set_ylabel("samples/s (undilated)")
+    ax.set_xticks(node_counts)
+    ax.legend()
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    return path
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="tiny model, 1 round, 2 nodes")
+    parser.add_argument("--nodes", default="2,4,8,16")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rate", default="1gbit", help="undilated link rate per direction")
+    parser.add_argument("--dilation", type=float, default=4.0)
+    parser.add_argument("--emulate-compute", default="lm1b")
+    parser.add_argument("--per-worker", type=int, default=128, help="samples per worker")
+    parser.add_argument("--methods", default=",".join(METHODS))
+    parser.add_argument("--cpu-busy-limit", type=float, default=0.6)
+    parser.add_argument("--timeout", type=int, default=900, help="seconds per round")
+    parser.add_argument("--png", default=None, help="write the plot here")
+    parser.add_argument("--prefix", default=PREFIX, help="the cluster's name prefix")
+    parser.add_argument("--subnet", default=SUBNET, help="the cluster's subnet")
+    args = parser.parse_args()
+    from hpcpax import cluster
+
+    out = {"benchmark": "scaling"}
+    reason = cluster.preflight()
+    if reason:
+        out["skipped"] = f"no emulated cluster here: {reason}"
+        _common.emit(out)
+        return 0
+    sizes = dict(QUICK if args.quick else FULL)
+    node_counts = [2] if args.quick else [int(n) for n in args.nodes.split(",")]
+    rounds = 1 if args.quick else args.rounds
+    methods = [m for m in args.methods.split(",") if m]
+    unknown = sorted(set(methods) - set(METHODS))
+    if unknown:
+        parser.error(f"unknown methods {unknown}; known: {list(METHODS)}")
+    out.update({"rate": args.rate, "dilation": args.dilation,
+                "emulate_compute": args.emulate_compute, "per_worker": args.per_worker,
+                "rounds": rounds, "model": sizes, "methods_compared": methods,
+                "layout": "one rank per node, servers_per_node=0 (every rank a worker)",
+                "cores": os.cpu_count(), "loadavg_at_start": os.getloadavg(),
+                "torch_ddp": "not run: its compute is real, not emulated"})
+    start = time.perf_counter()
+    cluster.down(args.prefix, log=lambda text: None)
+    try:
+        rate, delay = cluster.spec.dilate(args.rate, "0", args.dilation)
+        spec = cluster.up(max(node_counts), rate=rate, delay=delay, prefix=args.prefix,
+                          subnet=args.subnet)
+        for nodes in node_counts:
+            jobs, errors = [], []
+            for r in range(rounds):
+                order = methods[r % len(methods):] + methods[:r % len(methods)]
+                try:
+                    jobs.append(run_round(spec, nodes, order, sizes, args, args.timeout))
+                    print(f"scaling: {nodes} nodes, round {r + 1}: "
+                          + json.dumps({m: round(v["samples_per_s"]) for m, v in
+                                        jobs[-1]["methods"].items()}),
+                          file=sys.stderr, flush=True)
+                except (RuntimeError, subprocess.TimeoutExpired) as exc:
+                    errors.append(str(exc)[-1500:])
+            out[f"nodes_{nodes}"] = per_nodes(jobs, args.cpu_busy_limit)
+            if errors:
+                out[f"nodes_{nodes}"]["errors"] = errors
+    finally:
+        cluster.down(args.prefix, log=lambda text: None)
+    rate = {n: {m: e["samples_per_s"]["median"] for m, e in out[f"nodes_{n}"].items()
+                if isinstance(e, dict) and "samples_per_s" in e} for n in node_counts}
+    for n in node_counts:
+        out[f"ratio_hybrid_vs_allgather_{n}"] = _common.ratio(rate[n].get("hybrid"),
+                                                              rate[n].get("allgather"))
+    base = node_counts[0]
+    for n in node_counts[1:]:
+        out[f"scaling_hybrid_{n}_vs_{base}"] = _common.ratio(rate[n].get("hybrid"),
+                                                             rate[base].get("hybrid"))
+    fixed = [m for m in methods if m != "auto"]
+    worst = [rate[n]["auto"] / max(rate[n][m] for m in fixed if m in rate[n])
+             for n in node_counts if "auto" in rate[n] and any(m in rate[n] for m in fixed)]
+    out["ratio_auto_vs_best_fixed_min"] = min(worst) if worst else None
+    busy = [e["cpu_busy_max"] for n in node_counts for e in out[f"nodes_{n}"].values()
+            if isinstance(e, dict) and "cpu_busy_max" in e]
+    out["cpu_busy_max"] = max(busy) if busy else None
+    out["valid"] = all(e["valid"] for n in node_counts for e in out[f"nodes_{n}"].values()
+                       if isinstance(e, dict) and "valid" in e)
+    if args.png:
+        out["png"] = plot(out, node_counts, args.png)
+    out["wall_seconds"] = time.perf_counter() - start
+    out["loadavg_at_end"] = os.getloadavg()
+    _common.emit(out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
