@@ -163,12 +163,9 @@ class AutoSchedule:
         t.summary_extra.update(json_safe({"consistency": "auto", "auto": self.policy.history,
                                           "auto_final": self.policy.consistency,
                                           "auto_decision_wait_s": waits}))
-        path = t.write_trace()
+        path = t.end_run()
         if path is not None:
             t.summary_extra["trace"] = path
-        if t.collect:
-            t.parameters = t.read_parameters()
-        t.engine.commands.run("stop", preempted=t.loop.stopped)
         return self.start_step, last, self.bsp.seconds + self.relaxed_seconds
 
     def _segment_end(self, step) -> int:

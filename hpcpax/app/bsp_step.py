@@ -177,10 +177,7 @@ class BSPSchedule:
         train seconds)``. **Collective** over the workers."""
         t = self.trainer
         t.tables = t.engine.commands.run("tables")  # rows held, created, evicted per table
-        path = t.write_trace()
+        path = t.end_run()
         if path is not None:
             t.summary_extra["trace"] = path
-        if t.collect:
-            t.parameters = t.read_parameters()
-        t.engine.commands.run("stop", preempted=t.loop.stopped)
         return self.start_step, self.steps.last, self.steps.seconds

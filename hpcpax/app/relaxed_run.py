@@ -396,11 +396,7 @@ class RelaxedSchedule:
             t.engine.planning.runtime["dense_period"] = self._period_record(changes)
             t.write_plan()
         staleness, servers = t.engine.commands.run("relaxed_stats")
-        trace = t.write_trace()
-        if t.collect:
-            t.engine.commands.run("relaxed_fetch_dense")
-            t.parameters = t.read_parameters()
-        t.engine.commands.run("stop", preempted=t.loop.stopped)
+        trace = t.end_run(lambda: t.engine.commands.run("relaxed_fetch_dense"))
         seconds = self.seconds
         t.summary_extra.update(json_safe({
             "consistency": config["consistency"],

@@ -339,6 +339,18 @@ class Trainer:
         return {"dense": {k: to_host(v).copy() for k, v in self.dense.items()},
                 "sparse": self.engine.sync.read_tables()}
 
+    def end_run(self, before_collect=None):
+        """A schedule's last act: the trace, the parameters (``collect``; after
+        ``before_collect()``), then the ``stop`` command that releases the servers. The
+        trace's path (None without one). **Collective** over the workers."""
+        path = self.write_trace()
+        if self.collect:
+            if before_collect is not None:
+                before_collect()
+            self.parameters = self.read_parameters()
+        self.engine.commands.run("stop", preempted=self.loop.stopped)
+        return path
+
     # ------------------------------------------------------------------ trace
     def write_trace(self):
         """Merge and write the ``--trace`` file; its path on the first worker (None when
