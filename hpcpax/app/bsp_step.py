@@ -95,12 +95,11 @@ class BSPSteps:
         for name, param in t.dense.items():
             t.optimizer.apply_dense(param, t.dense_state[name], done.dense[name])
         lap("optimizer")
-        mine = dict(times)
         loss, stop, mean_times, cumulative, cpu = reduce_step(
-            t.topology, done.loss, done.local_batch, mine, t.preemption.requested,
+            t.topology, done.loss, done.local_batch, times, t.preemption.requested,
             time.process_time() - cpu_began)
         seconds = time.perf_counter() - began
-        return StepFigures(step, began, mine, done.local_batch, seconds, loss,
+        return StepFigures(step, began, times, done.local_batch, seconds, loss,
                            extra={"stop": stop, "mean_times": mean_times,
                                   "cumulative": cumulative, "cpu": cpu})
 

@@ -126,8 +126,6 @@ class EmulatedCompute:
         self._dense = {name: xp.full(tuple(shape), GRAD_VALUE, self.dtype)
                        for name, shape in dense_shapes.items()}
         self._rows = {}  # table -> a buffer of GRAD_VALUE rows, grown as needed
-        #: Seconds waited in all (dilated).
-        self.waited = 0.0
 
     def forward_backward(self, dense, rows, batch, position):
         """Wait the modeled time; gradients of the real shapes for the rows pulled.
@@ -140,12 +138,9 @@ class EmulatedCompute:
         seconds = self.compute.seconds(samples)
         if seconds > 0:
             time.sleep(seconds)  # the accelerator computes; the host holds no core
-        self.waited += seconds
-        sparse = {}
-        for name, (ids, values) in rows.items():
-            sparse[name] = (ids, self._row_grads(name, values))
-        dense_grads = {name: self._dense[name] for name in dense} if dense else dict(self._dense)
-        return StepResult(0.0, {"loss": 0.0}, dense_grads, sparse)
+        sparse = {name: (ids, self._row_grads(name, values))
+                  for name, (ids, values) in rows.items()}
+        return StepResult(0.0, {"loss": 0.0}, dict(self._dense), sparse)
 
     def _row_grads(self, name, values):
         n = int(values.shape[0])
