@@ -12,11 +12,13 @@ Measured per method over the timed steps (after the plan and warm-up):
 step seconds (slowest rank), bytes from the accounting (hpcpax) and bytes
 on each node's ``eth0`` (wire bytes with headers, read from
 ``/proc/net/dev`` inside the node by its first rank, so torch's bytes are
-measured too, not computed). After the ``auto`` run: the off-node bytes the
-cost model's byte terms predict for its plan from the alphas of the very
-same steps (``hpcpax/plan/cost_model.py`` documents the terms and has no
-bytes function; this mirrors them), and the exact lower bound (each node's
-unique rows owned by another node, pushed and pulled once).
+measured too, not computed). After each hpcpax run: the off-node bytes the
+protocol's formula gives for its plan on the ids of the very same steps
+(:func:`predicted_bytes`), and after ``auto`` the exact lower bound (each
+node's unique rows owned by another node, pushed and pulled once). With
+``--emulate-compute`` the torch step's forward and backward are emulated too
+(:meth:`torch_lm.TorchSide.emulated_backward`: a sleep, then DDP's gloo
+reductions of gradients of the real shapes).
 
 Rank 0 prints one JSON line.
 """
@@ -72,11 +74,25 @@ class WireMeter:
 PLAN_OF = {"ps_no_aggregation": "ps"}
 
 
+#: Methods whose plan is fixed: no steps measured for a plan, timed after ``--warmup``.
+FIXED = ("allgather", "ps", "ps_no_aggregation", "allreduce", "torch")
+
+
+def steps_of(args, method):
+    """Steps a method runs: ``--allreduce-steps`` for the densified allreduce (a slow
+    step), ``--fixed-steps`` for the other fixed plans, else ``--steps`` (0: ``--steps``)."""
+    if method == "allreduce" and args.allreduce_steps:
+        return args.allreduce_steps
+    if method in FIXED and args.fixed_steps:
+        return args.fixed_steps
+    return args.steps
+
+
 def lm_config(args, method, run_dir):
     config = {"model": "lm", "vocab_size": args.vocab_size, "context": args.context,
               "emb_dim": args.emb_dim, "hidden": [args.hidden], "out_dim": args.out_dim,
               "num_sampled": args.num_sampled, "global_batch": args.global_batch,
-              "steps": args.steps, "plan": PLAN_OF.get(method, method),
+              "steps": steps_of(args, method), "plan": PLAN_OF.get(method, method),
               "plan_steps": args.plan_steps, "servers_per_node": args.servers_per_node,
               "optimizer": "sgd", "lr": 0.05, "sparse_optimizer": "sgd", "sparse_lr": 0.1,
               "synthetic_samples": max(200_000, 8 * args.global_batch * 4),
@@ -87,13 +103,27 @@ def lm_config(args, method, run_dir):
     return config
 
 
-def timed(records, args):
-    return [r for r in records if "loss" in r and r["step"] > args.plan_steps + args.warmup]
+def first_timed(run_dir, args, method):
+    """The first timed step. A fixed plan: after ``--warmup`` steps (one before the
+    densified allreduce's ``--allreduce-steps``). A measured plan: after the plan's
+    measurement and the hot-rows trial (its steps switch trees on and off), then
+    ``--warmup`` steps of the final plan."""
+    if method in FIXED:
+        return (1 if method == "allreduce" and args.allreduce_steps else args.warmup) + 1
+    last = args.plan_steps
+    try:
+        trial = json.load(open(os.path.join(run_dir, "plan.json")))["search"]["hot_rows_trial"]
+        last = max(last, int(trial["steps"][1]))
+    except (OSError, ValueError, KeyError, TypeError, IndexError):
+        pass
+    return last + args.warmup + 1
 
 
-def read_run(run_dir, args):
+def read_run(run_dir, args, method):
     records = [json.loads(t) for t in open(os.path.join(run_dir, "metrics.jsonl"))]
-    rows = timed(records, args)
+    first = first_timed(run_dir, args, method)
+    rows = [r for r in records if "loss" in r and r["step"] >= first]
+    cores = os.cpu_count() or 1
     comm_phases = ("pull", "push", "dense", "allgather", "dense_sparse")
     return {
         "seconds_per_step": _common.median([r["seconds"] for r in rows]),
@@ -110,7 +140,10 @@ def read_run(run_dir, args):
         "final_loss": rows[-1]["loss"],
         "steps_timed": [rows[0]["step"], rows[-1]["step"]],
         # each worker's CPU seconds over its step's wall seconds, the largest
-        "cpu_busy_max": max(max(r.get("cpu_busy") or [0.0]) for r in rows),
+        "cpu_busy_rank_max": max(max(r.get("cpu_busy") or [0.0]) for r in rows),
+        # the machine's: all ranks' CPU seconds over cores x wall, the busiest step
+        # (every rank is a worker here, so the workers' figures are all ranks')
+        "cpu_busy_max": max(sum(r.get("cpu_busy") or [0.0]) / cores for r in rows),
     }
 
 
@@ -122,20 +155,28 @@ def plan_methods(run_dir):
     return plan, {e["name"]: e for e in entries}
 
 
-def predicted_bytes(trainer, plan_entries, args):
-    """Cost-model byte terms and the exact lower bound, per timed step (rank 0's view)."""
+def predicted_bytes(trainer, plan_entries, args, first, last):
+    """The protocol's off-node bytes for the plan and the exact lower bound, per timed step.
+
+    Applied to the very ids of the timed steps: a ``ps`` row owned on another node
+    costs ``2 x (8 + dim x 4)`` (pulled: index out, row back; pushed: index and
+    row out), once per node with local aggregation, once per worker without;
+    ``allgather``: each worker's unique rows to every worker on another node;
+    densified ``allreduce`` (the table and its 1-byte touched mask) and the dense
+    part: the ring's off-node bytes. Hot-row trees (relays) are not in the
+    formula: a plan that kept them differs by its relay bytes. The lower bound:
+    each node's remote unique rows once."""
     from hpcpax.comm.accounting import ring_allreduce_bytes
 
     topo, model, reader = trainer.topology, trainer.model, trainer.reader
     workers = list(topo.worker_ranks)
     node_of = np.asarray(topo.node_of)
     nodes = int(node_of.max()) + 1
-    share = (nodes - 1) / nodes
     specs = {s.name: s for s in model.sparse_specs()}
     dense_bytes = sum(int(np.prod(shape)) * 4 for shape in model.dense_shapes().values())
     dense = sum(ring_allreduce_bytes(node_of, workers, r, dense_bytes)[2] for r in workers)
     predicted, bound = [], []
-    for step in range(args.plan_steps + args.warmup + 1, args.steps + 1):
+    for step in range(first, last + 1):
         ids = [model.sparse_ids(reader.batch(step - 1, args.global_batch, w, len(workers)), step)
                for w in range(len(workers))]
         total_predicted, total_bound = float(dense), float(dense)
@@ -145,22 +186,26 @@ def predicted_bytes(trainer, plan_entries, args):
             per_worker = [np.unique(np.asarray(i[name]).ravel()) for i in ids]
             per_node = [np.unique(np.concatenate([per_worker[i] for i, w in enumerate(workers)
                                                   if node_of[w] == n])) for n in range(nodes)]
-            owners = entry.get("owners") or workers
+            owners = np.asarray(entry.get("owners") or workers)
             parts = int(entry.get("partitions") or len(owners))
-            for n, unique in enumerate(per_node):
-                owner_node = node_of[np.asarray(owners)[unique % parts]]
-                total_bound += 2 * row * int(np.count_nonzero(owner_node != n))
+
+            def remote(unique, node):  # rows owned on another node: pulled and pushed once
+                return 2 * row * int(np.count_nonzero(node_of[owners[unique % parts]] != node))
+
+            node_terms = sum(remote(u, n) for n, u in enumerate(per_node))
+            total_bound += node_terms
             method = entry["method"]
             if method == "ps" and entry.get("local_aggregation", True):
-                total_predicted += sum(2 * row * len(u) * share for u in per_node)
+                total_predicted += node_terms
             elif method == "ps":
-                total_predicted += sum(2 * row * len(u) * share for u in per_worker)
+                total_predicted += sum(remote(u, node_of[w])
+                                       for u, w in zip(per_worker, workers))
             elif method == "allgather":
                 for i, w in enumerate(workers):
                     remote = sum(1 for v in workers if node_of[v] != node_of[w])
                     total_predicted += row * len(per_worker[i]) * remote
             else:  # densified allreduce
-                table = spec.rows * spec.dim * 4
+                table = spec.rows * spec.dim * 4 + spec.rows  # + the touched-rows mask
                 total_predicted += sum(ring_allreduce_bytes(node_of, workers, r, table)[2]
                                        for r in workers)
         predicted.append(total_predicted)
@@ -186,7 +231,14 @@ def run_torch_setup(args, comm):
     sizes = {"vocab_size": args.vocab_size, "context": args.context, "emb_dim": args.emb_dim,
              "hidden": [args.hidden], "out_dim": args.out_dim, "num_sampled": args.num_sampled,
              "global_batch": args.global_batch}
-    return torch_lm.TorchSide(torch, dist, sizes, 0, node_of), dist
+    emulate_s = None
+    if args.emulate_compute:
+        from hpcpax.app.emulation import parse_emulate_compute
+
+        model = parse_emulate_compute(args.emulate_compute, args.time_dilation)
+        emulate_s = model.seconds(args.global_batch // comm.Get_size())
+    return torch_lm.TorchSide(torch, dist, sizes, 0, node_of, emulate_s,
+                              args.time_dilation), dist
 
 
 def _eth0_address():
@@ -204,6 +256,10 @@ def main():
         parser.add_argument(f"--{flag}", type=int, default=default)
     parser.add_argument("--methods", default="auto,allgather,ps,torch")
     parser.add_argument("--servers-per-node", type=int, default=0)
+    parser.add_argument("--allreduce-steps", type=int, default=0,
+                        help="steps of the densified allreduce, timed after one (0: --steps)")
+    parser.add_argument("--fixed-steps", type=int, default=0,
+                        help="steps of the other fixed plans and torch (0: --steps)")
     parser.add_argument("--emulate-compute", default=None)
     parser.add_argument("--time-dilation", type=float, default=1.0)
     args = parser.parse_args()
@@ -233,7 +289,8 @@ def main():
         start = time.perf_counter()
         trainer.run()
         wall = time.perf_counter() - start
-        first = args.plan_steps + args.warmup  # marks: 0 before step 1, then after each step
+        # untimed steps; marks: 0 before step 1, then after each step
+        first = first_timed(run_dir, args, method) - 1
         if with_torch:
             torch_wire = meter.deltas(2, offset=2 * first + 1)
             seconds = torch_side.seconds[first:]  # already the slowest worker's, each step
@@ -244,15 +301,18 @@ def main():
                     "samples_per_s": args.global_batch / _common.median(seconds),
                     "wire_bytes_per_step": float(np.mean(torch_wire)),
                     "compute_seconds": _common.median(torch_side.compute_seconds[first:]),
+                    "cpu_busy_max": max(torch_side.cpu_busy[first:]),
+                    "plan": "DDP: dense one bucket allreduce, sparse gloo sparse allreduce",
+                    "emulated": torch_side.emulate_s is not None,
                     "layout": "DDP over gloo (TCP over eth0 between nodes), "
                               "nn.Embedding(sparse=True): sparse grads allgathered",
                 }
-            torch_side.seconds, torch_side.compute_seconds = [], []
+            torch_side.seconds, torch_side.compute_seconds, torch_side.cpu_busy = [], [], []
             comm.Barrier()
             continue
         hp_wire = meter.deltas(1, offset=first)
         if comm.Get_rank() == 0:
-            result = read_run(run_dir, args)
+            result = read_run(run_dir, args, method)
             summary = json.load(open(os.path.join(run_dir, "summary.json")))
             result["cpu_busy_ranks"] = summary.get("cpu_busy")
             result["startup_seconds"] = summary.get("startup_seconds")
@@ -261,12 +321,19 @@ def main():
             plan, entries = plan_methods(run_dir)
             result["plan"] = {n: e.get("method") for n, e in entries.items()
                               if e.get("kind", "sparse") == "sparse"}
+            trial = plan.get("search", {}).get("hot_rows_trial")
+            if trial:
+                result["hot_rows_trial"] = {k: trial.get(k) for k in
+                                            ("variables", "kept", "on_s", "off_s", "skipped")
+                                            if k in trial}
+            predicted, bound = predicted_bytes(trainer, entries, args,
+                                               first + 1,
+                                               steps_of(args, method))
+            result["offnode_bytes_predicted"] = predicted
             if method == "auto":
                 result["fabric"] = plan.get("fabric")
                 result["measurements"] = plan.get("measurements")
                 result["predicted_s"] = {n: e.get("predicted_s") for n, e in entries.items()}
-                predicted, bound = predicted_bytes(trainer, entries, args)
-                result["offnode_bytes_predicted"] = predicted
                 out["lower_bound_offnode_bytes"] = bound
             out["methods"][method] = result
         comm.Barrier()

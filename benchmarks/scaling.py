@@ -6,37 +6,48 @@ and tears it down at the end, also on failure; without root or ``ip netns``
 it prints one JSON line with ``skipped``.
 
 Every worker's forward and backward is emulated (``--emulate-compute``,
-default the ``lm1b`` preset's 100 ms per 128 sequences, times the dilation):
-a wait that holds no CPU, so 2-16 ranks on a 2-core machine measure the
-links and hpcpax's mechanisms, not CPU contention; everything else is real
-(ids, rows, pushes, dense gradients of the model's shapes, exchanges, the
-optimizer). Reported times are undilated (``--time-dilation``). Weak
-scaling, as Parallax's chart: ``--per-worker`` samples per worker per step.
+default 0.1 s per step: the ``lm1b`` preset's 100 ms per GPU step of 128
+sequences x 20 tokens, times the dilation): a wait that holds no CPU, so
+2-16 ranks on a 2-core machine measure the links and the mechanisms, not
+CPU contention; everything else is real (ids, rows, pushes, dense gradients
+of the model's shapes, exchanges, the optimizer). Reported times are
+undilated (``--time-dilation``). Weak scaling, as Parallax's chart:
+``--per-worker`` samples per worker per step (default 640: x 4 context
+tokens = 2,560 looked-up tokens, Parallax's per GPU).
 
-Model: LM-1B-shaped, scaled to this machine's memory (an allgather worker
-holds every table whole): ``--vocab-size`` rows (default 200,000), embedding
-and softmax width 64, one hidden layer of 256, 1,024 sampled negatives,
+Model: LM-1B-shaped, scaled to this machine: ``--vocab-size`` rows (default
+200,000, not 793k: an allgather rank holds every table whole, and the
+densified allreduce's step at 16 nodes would be minutes), embedding and
+softmax width 64, one hidden layer of 256, 1,024 sampled negatives,
 Zipf(1.1) tokens, SGD; every rank a worker hosting partitions
 (``servers_per_node=0``).
 
 Methods (each a ``Trainer`` run in one ``mpirun`` per round, the order
 rotated per round): ``hybrid`` (Parallax's rule: sparse on the PS, dense
 allreduce), ``auto`` (the cost model), ``allgather`` (Horovod's sparse
-allgather), ``ps_no_aggregation`` (the PS without local aggregation) and
-``allreduce`` (densified tables). Torch DDP is not run here: its compute is
-real (its row would measure CPU contention again).
+allgather), ``ps_no_aggregation`` (the PS without local aggregation),
+``allreduce`` (densified tables; up to ``--allreduce-max-nodes``, 8: at 16
+its step is ~40 s of wall time) and ``torch``: PyTorch DDP's reductions
+(gloo; dense grads in one bucket allreduce, ``nn.Embedding(sparse=True)``
+grads by gloo's sparse allreduce) after the same emulated compute
+(:meth:`torch_lm.TorchSide.emulated_backward`). ``hybrid`` and ``auto``
+measure 5 steps for their plan, then (where the plan puts rows on hot-row
+trees) up to 3 trial rounds of 4 steps, and are timed after them and 2
+warm-up steps; the fixed plans are timed after 2 warm-up steps.
 
-A run counts only where its workers' ``cpu_busy_max`` (CPU seconds over step
-wall seconds, the largest worker and step) is at most ``--cpu-busy-limit``
-(0.6): then the links and the mechanisms set the step time.
+A run counts only where ``cpu_busy_max`` (the machine's: all ranks' CPU
+seconds over cores x wall, the busiest timed step) is at most
+``--cpu-busy-limit`` (0.6): then the links and the mechanisms set the step
+time, not a queue for the cores.
 
-Keys: ``samples_per_s`` (per method, per node count: median, min, max),
-``ratio_hybrid_vs_allgather_N``, ``scaling_hybrid_N_vs_2``,
-``ratio_auto_vs_best_fixed_min`` (worst node count), ``cpu_busy_max``,
-``offnode_bytes`` per method and node count (accounting, per step),
-``wire_bytes`` (the veths' counters), ``valid`` (the runs under the CPU
-limit); a PNG of samples/s against nodes per method beside the results when
-matplotlib is installed (``--png``).
+Keys: ``samples_per_s`` and ``seconds_per_step`` (per method, per node
+count: median, min, max), ``ratio_hybrid_vs_allgather_N``,
+``ratio_hybrid_vs_ddp_N``, ``scaling_hybrid_N_vs_2``,
+``ratio_auto_vs_best_fixed_min`` (worst node count, hpcpax's fixed plans),
+``offnode_bytes_vs_predicted_max`` (hpcpax's counted off-node bytes against
+the protocol's formula on the same ids; plans without kept trees),
+``cpu_busy_max``, ``wire_bytes`` (the veths' counters, headers included),
+``valid``; a PNG of samples/s against nodes per method (``--png``).
 
 Usage: ``python benchmarks/scaling.py [--quick] [--nodes 2,4,8,16] [--rounds 3]``.
 """
@@ -44,6 +55,7 @@ Usage: ``python benchmarks/scaling.py [--quick] [--nodes 2,4,8,16] [--rounds 3]`
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import subprocess
@@ -58,9 +70,9 @@ import _common  # noqa: E402
 from cluster_lm import _spread  # noqa: E402
 
 PREFIX, SUBNET = "hpk", "10.213.248.0/24"
-METHODS = ("hybrid", "auto", "allgather", "ps_no_aggregation", "allreduce")
+METHODS = ("hybrid", "auto", "allgather", "ps_no_aggregation", "allreduce", "torch")
 FULL = {"vocab-size": 200_000, "emb-dim": 64, "out-dim": 64, "hidden": 256,
-        "num-sampled": 1024, "context": 4, "steps": 16, "plan-steps": 5, "warmup": 2}
+        "num-sampled": 1024, "context": 4, "steps": 24, "plan-steps": 5, "warmup": 2}
 QUICK = {"vocab-size": 20_000, "emb-dim": 16, "out-dim": 16, "hidden": 32,
          "num-sampled": 128, "context": 4, "steps": 8, "plan-steps": 3, "warmup": 1}
 
@@ -72,7 +84,9 @@ def run_round(spec, nodes, methods, sizes, args, timeout):
     job = {**sizes, "global-batch": args.per_worker * nodes}
     argv = [sys.executable, "-m", "mpi4py", os.path.join(HERE, "_cluster_lm_job.py"),
             "--methods", ",".join(methods), "--emulate-compute", args.emulate_compute,
-            "--time-dilation", str(args.dilation)]
+            "--time-dilation", str(args.dilation),
+            "--allreduce-steps", str(1 + args.allreduce_timed),
+            "--fixed-steps", str(sizes["warmup"] + args.fixed_timed)]
     argv += [a for k, v in job.items() for a in (f"--{k}", str(v))]
     env = mpirun_env()
     env.update({"OMP_NUM_THREADS": "1", "NUMBA_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
@@ -96,12 +110,24 @@ def per_nodes(jobs, limit):
             continue
         out[name] = {
             "samples_per_s": _spread([r["samples_per_s"] for r in runs]),
+            "seconds_per_step": _spread([r["seconds_per_step"] for r in runs]),
             "cpu_busy_max": max(r["cpu_busy_max"] for r in runs),
             "valid": all(r["cpu_busy_max"] <= limit for r in runs),
-            "offnode_bytes_per_step": _spread([r["offnode_bytes_per_step"] for r in runs]),
             "wire_bytes_per_step": _spread([r.get("wire_bytes_per_step") for r in runs]),
+            "plan": runs[-1]["plan"]}
+        if name == "torch":
+            continue
+        counted = [r["offnode_bytes_per_step"] for r in runs]
+        predicted = [r.get("offnode_bytes_predicted") for r in runs]
+        out[name].update({
+            "cpu_busy_rank_max": max(r.get("cpu_busy_rank_max", 0.0) for r in runs),
+            "offnode_bytes_per_step": _spread(counted),
+            "offnode_bytes_predicted": _spread(predicted),
+            # hpcpax's counted off-node bytes over the protocol's formula, per round
+            "offnode_vs_predicted": [round(c / p, 6) for c, p in zip(counted, predicted) if p],
+            "hot_rows_trial": runs[-1].get("hot_rows_trial"),
             "seconds_by_phase": runs[-1]["seconds_by_phase"],
-            "plan": runs[-1]["plan"], "startup_seconds": runs[-1].get("startup_seconds")}
+            "startup_seconds": runs[-1].get("startup_seconds")})
     return out
 
 
@@ -135,13 +161,23 @@ def main():
     parser.add_argument("--nodes", default="2,4,8,16")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--rate", default="1gbit", help="undilated link rate per direction")
-    parser.add_argument("--dilation", type=float, default=4.0)
-    parser.add_argument("--emulate-compute", default="lm1b")
-    parser.add_argument("--per-worker", type=int, default=128, help="samples per worker")
+    parser.add_argument("--dilation", type=float, default=8.0)
+    parser.add_argument("--emulate-compute", default="0.1",
+                        help="seconds per worker step (lm1b's 100 ms per 2,560 tokens)")
+    parser.add_argument("--per-worker", type=int, default=640,
+                        help="samples per worker per step (x context 4 = 2,560 tokens)")
     parser.add_argument("--methods", default=",".join(METHODS))
+    parser.add_argument("--allreduce-timed", type=int, default=2,
+                        help="timed steps of the densified allreduce (its step is slow)")
+    parser.add_argument("--allreduce-max-nodes", type=int, default=8,
+                        help="largest node count the densified allreduce runs on")
+    parser.add_argument("--fixed-timed", type=int, default=5,
+                        help="timed steps of the fixed plans and torch (after --warmup)")
     parser.add_argument("--cpu-busy-limit", type=float, default=0.6)
     parser.add_argument("--timeout", type=int, default=900, help="seconds per round")
     parser.add_argument("--png", default=None, help="write the plot here")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=N",
+                        help="override a model size (e.g. --set steps=20)")
     parser.add_argument("--prefix", default=PREFIX, help="the cluster's name prefix")
     parser.add_argument("--subnet", default=SUBNET, help="the cluster's subnet")
     args = parser.parse_args()
@@ -154,18 +190,27 @@ def main():
         _common.emit(out)
         return 0
     sizes = dict(QUICK if args.quick else FULL)
+    for item in args.set:
+        key, _, value = item.partition("=")
+        if key not in sizes or not value.isdigit():
+            parser.error(f"--set {item!r}: known sizes {sorted(sizes)}, values integers")
+        sizes[key] = int(value)
     node_counts = [2] if args.quick else [int(n) for n in args.nodes.split(",")]
     rounds = 1 if args.quick else args.rounds
     methods = [m for m in args.methods.split(",") if m]
     unknown = sorted(set(methods) - set(METHODS))
     if unknown:
         parser.error(f"unknown methods {unknown}; known: {list(METHODS)}")
+    if "torch" in methods and importlib.util.find_spec("torch") is None:
+        methods.remove("torch")
+        out["torch_skipped"] = "torch is not installed (pip install -e '.[torch]')"
     out.update({"rate": args.rate, "dilation": args.dilation,
                 "emulate_compute": args.emulate_compute, "per_worker": args.per_worker,
                 "rounds": rounds, "model": sizes, "methods_compared": methods,
                 "layout": "one rank per node, servers_per_node=0 (every rank a worker)",
                 "cores": os.cpu_count(), "loadavg_at_start": os.getloadavg(),
-                "torch_ddp": "not run: its compute is real, not emulated"})
+                "torch": "PyTorch DDP's reductions (gloo: dense one bucket allreduce, sparse "
+                         "gloo sparse allreduce) after the same emulated compute"})
     start = time.perf_counter()
     cluster.down(args.prefix, log=lambda text: None)
     try:
@@ -174,8 +219,9 @@ def main():
                           subnet=args.subnet)
         for nodes in node_counts:
             jobs, errors = [], []
+            here = [m for m in methods if m != "allreduce" or nodes <= args.allreduce_max_nodes]
             for r in range(rounds):
-                order = methods[r % len(methods):] + methods[:r % len(methods)]
+                order = here[r % len(here):] + here[:r % len(here)]
                 try:
                     jobs.append(run_round(spec, nodes, order, sizes, args, args.timeout))
                     print(f"scaling: {nodes} nodes, round {r + 1}: "
@@ -194,11 +240,19 @@ def main():
     for n in node_counts:
         out[f"ratio_hybrid_vs_allgather_{n}"] = _common.ratio(rate[n].get("hybrid"),
                                                               rate[n].get("allgather"))
+        out[f"ratio_hybrid_vs_ddp_{n}"] = _common.ratio(rate[n].get("hybrid"),
+                                                        rate[n].get("torch"))
+    # hpcpax's counted off-node bytes against the protocol's formula on the same ids,
+    # methods whose plan kept no hot-row trees (relays are not in the formula)
+    errors = [abs(v - 1.0) for n in node_counts for e in out[f"nodes_{n}"].values()
+              if isinstance(e, dict) and not (e.get("hot_rows_trial") or {}).get("kept")
+              for v in e.get("offnode_vs_predicted", [])]
+    out["offnode_bytes_vs_predicted_max"] = max(errors) if errors else None
     base = node_counts[0]
     for n in node_counts[1:]:
         out[f"scaling_hybrid_{n}_vs_{base}"] = _common.ratio(rate[n].get("hybrid"),
                                                              rate[base].get("hybrid"))
-    fixed = [m for m in methods if m != "auto"]
+    fixed = [m for m in methods if m not in ("auto", "torch")]
     worst = [rate[n]["auto"] / max(rate[n][m] for m in fixed if m in rate[n])
              for n in node_counts if "auto" in rate[n] and any(m in rate[n] for m in fixed)]
     out["ratio_auto_vs_best_fixed_min"] = min(worst) if worst else None

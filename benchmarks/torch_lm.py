@@ -95,7 +95,7 @@ def build_torch_model(torch, sizes):
 class TorchSide:
     """The DDP model, its optimizer, timings and byte counts; one step per hook call."""
 
-    def __init__(self, torch, dist, sizes, seed, node_of):
+    def __init__(self, torch, dist, sizes, seed, node_of, emulate_s=None, dilation=1.0):
         from hpcpax.models.lm import log_uniform_log_expected_count, log_uniform_sample
 
         self.torch, self.dist, self.sizes, self.seed = torch, dist, sizes, seed
@@ -109,7 +109,11 @@ class TorchSide:
         self.optimizer = torch.optim.SGD([{"params": dense, "lr": LR},
                                           {"params": sparse, "lr": SPARSE_LR}])
         self.node_of = node_of
-        self.seconds, self.compute_seconds, self.nnz = [], [], []
+        self.seconds, self.compute_seconds, self.nnz, self.cpu_busy = [], [], [], []
+        #: emulated accelerator: forward+backward a sleep of this many (dilated)
+        #: seconds; the step's times are reported divided by ``dilation``
+        self.emulate_s, self.dilation = emulate_s, float(dilation)
+        self.dense, self.sparse = dense, sparse
 
     def step(self, trainer, step):
         torch, sizes = self.torch, self.sizes
@@ -129,18 +133,57 @@ class TorchSide:
         from mpi4py import MPI
 
         topo.workers.Barrier()
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         self.optimizer.zero_grad(set_to_none=True)
-        loss = self.model(context, target, samples_t, log_q_true, log_q_sampled)
-        loss.backward()
-        middle = time.perf_counter()
+        if self.emulate_s is None:
+            loss = self.model(context, target, samples_t, log_q_true, log_q_sampled)
+            loss.backward()
+            middle = time.perf_counter()
+        else:
+            middle = self.emulated_backward(context, torch.cat([target, samples_t]), start)
         self.optimizer.step()
-        elapsed = topo.workers.allreduce(time.perf_counter() - start, op=MPI.MAX)
-        self.seconds.append(elapsed)
-        self.compute_seconds.append(middle - start)
+        wall, cpu = time.perf_counter() - start, time.process_time() - cpu
+        elapsed = topo.workers.allreduce(wall, op=MPI.MAX)
+        # the machine's busy fraction: every rank's CPU seconds over cores x wall
+        self.cpu_busy.append(topo.workers.allreduce(cpu, op=MPI.SUM)
+                             / ((os.cpu_count() or 1) * elapsed))
+        self.seconds.append(elapsed / self.dilation)
+        self.compute_seconds.append((middle - start) / self.dilation)
         output_ids = np.concatenate([batch["target"].astype(np.int64), samples])
         unique_out = len(np.unique(output_ids))
         self.nnz.append((len(np.unique(batch["context"])), unique_out, unique_out))
+
+    def emulated_backward(self, context, output_ids, start):
+        """DDP's step with an emulated accelerator: the forward and backward a sleep
+        holding no CPU, then the gradients autograd would give, of the real shapes
+        (``nn.Embedding(sparse=True)``: one uncoalesced row per lookup; dense: full;
+        every value hpcpax's emulated ``GRAD_VALUE``), reduced as DDP reduces them:
+        the dense ones in one flat gloo allreduce (they fit DDP's 25 MiB bucket),
+        each sparse one by gloo's sparse allreduce (an allgather of indices and
+        values, summed), all divided by the world size. Returns the time the
+        sleep ended (the communication counts as the step's, as DDP's does)."""
+        from hpcpax.app.emulation import GRAD_VALUE
+
+        torch, dist = self.torch, self.dist
+        time.sleep(max(0.0, self.emulate_s - (time.perf_counter() - start)))
+        middle = time.perf_counter()
+        world = dist.get_world_size()
+        for param in self.dense:
+            param.grad = torch.full_like(param, GRAD_VALUE)
+        for param, ids in zip(self.sparse, (context.reshape(-1), output_ids, output_ids)):
+            values = torch.full((len(ids), param.shape[1]), GRAD_VALUE)
+            param.grad = torch.sparse_coo_tensor(ids[None, :], values, tuple(param.shape))
+        flat = torch.cat([p.grad.reshape(-1) for p in self.dense])
+        dist.all_reduce(flat)
+        flat /= world
+        offset = 0
+        for param in self.dense:
+            param.grad.copy_(flat[offset:offset + param.numel()].view_as(param))
+            offset += param.numel()
+        for param in self.sparse:
+            dist.all_reduce(param.grad)
+            param.grad = param.grad / world
+        return middle
 
     def bytes_per_step(self, comm, warmup):
         """Allgather-equivalent sparse bytes + ring dense bytes, summed over ranks."""

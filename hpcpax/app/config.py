@@ -86,9 +86,9 @@ FLAGS = (
          "so), or a JSON plan file (a saved plan.json or {name: {method, partitions}})"),
     Flag("hot_rows", "str", "auto", "auto (the plan's cost model decides per ps variable if "
          "rows many nodes touch take trees) or off", ("auto", "off")),
-    Flag("hot_rows_trial", "int", 3, "auto/hybrid: when the plan puts rows on trees, time this "
-         "many pairs of live steps with and without them and keep the faster (0: trust the "
-         "cost model)", minimum=0),
+    Flag("hot_rows_trial", "int", 3, "auto/hybrid: when the plan puts rows on trees, time up "
+         "to this many pairs of live steps with and without them and keep the faster; trees "
+         "a run too short to time are off (0: trust the cost model)", minimum=0),
     Flag("plan_steps", "int", 5, "auto/hybrid: steps measured before the plan is made",
          minimum=1),
     Flag("plan_calibrate", "bool", True, "auto: time the cost model's constants on this job "

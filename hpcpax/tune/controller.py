@@ -347,21 +347,37 @@ class PlanController:
 
     # ---------------------------------------------------------------- search
     def _hot_rows_trial(self, step, steps):
-        """Keep the plan's hot-row trees only if live steps run faster with them."""
-        from .hot_rows_trial import run_hot_rows_trial
+        """Keep the plan's hot-row trees only if live steps run faster with them.
 
-        engine, rounds = self.engine, int(self.engine.settings.plan.hot_rows_trial)
+        Trees stay on only where a trial confirmed them: the cost model does
+        not see a tree's host costs (see :mod:`~hpcpax.tune.hot_rows_trial`),
+        so when too few steps are left for even one round (4 steps) the
+        trees are turned off, not trusted; a shorter run gets as many rounds
+        as fit. ``--hot-rows-trial 0`` trusts the cost model instead.
+        """
+        from .hot_rows_trial import OFF, ROUND_STEPS, run_hot_rows_trial
+
+        engine, wanted = self.engine, int(self.engine.settings.plan.hot_rows_trial)
         chosen = {name: entry.hot_rows for name, entry in self.plan.variables.items()
                   if entry.sync_method.on_servers and entry.hot_rows
                   and entry.hot_rows["min_nodes"]}
         if not chosen:
             return step
-        if engine.settings.plan.steps - step < 4 * rounds:
-            engine.log(f"hot-rows trial skipped: {engine.settings.plan.steps - step} steps left")
+        left = engine.settings.plan.steps - step
+        rounds = min(wanted, left // ROUND_STEPS)
+        if rounds < 1:
+            reason = (f"hot rows off: unverified, {left} steps left and a trial round "
+                      f"needs {ROUND_STEPS}")
+            engine.commands.run("hot_rows", settings={name: {**OFF, "reason": reason}
+                                                      for name in chosen})
+            self.search["hot_rows_trial"] = {"variables": sorted(chosen), "model": chosen,
+                                             "kept": False, "skipped": reason}
+            engine.log(f"hot-rows trial skipped ({', '.join(sorted(chosen))}): {reason}")
+            engine.write_plan()
             return step
         trial, next_step = run_hot_rows_trial(engine, steps, chosen, rounds, step + 1)
-        self.search["hot_rows_trial"] = {"variables": sorted(chosen), **trial}
-        engine.log(f"hot-rows trial ({', '.join(sorted(chosen))}): trees "
+        self.search["hot_rows_trial"] = {"variables": sorted(chosen), "model": chosen, **trial}
+        engine.log(f"hot-rows trial ({', '.join(sorted(chosen))}, {rounds} rounds): trees "
                     + ("kept" if trial["kept"] else "off")
                     + f", median step {np.median(trial['on_s']) * 1e3:.1f} ms with, "
                     f"{np.median(trial['off_s']) * 1e3:.1f} ms without")

@@ -7,6 +7,8 @@ when the plan turns trees on for some ``ps`` variables, the controller runs a
 short trial, as Parallax searched partitions: ``rounds`` times, one step with
 the plan's trees and one with trees off (each after a warm-up step of the
 same setting), and keeps the trees only when their median step is faster.
+Trees the trial could not check (a run too short for one round) are turned
+off: only a trial turns them on.
 Trees and today's path give the same numbers (rows are copies, sums keep the
 owner's order), so the trial's steps are ordinary training steps.
 
@@ -20,7 +22,10 @@ import numpy as np
 
 from .live_search import time_steps
 
-__all__ = ["OFF", "run_hot_rows_trial"]
+__all__ = ["OFF", "ROUND_STEPS", "run_hot_rows_trial"]
+
+#: Steps of one round: a warm-up and a timed step with trees on, the same off.
+ROUND_STEPS = 4
 
 #: The setting of a variable whose trees the trial turned off (see ``HotRows.set``).
 OFF = {"min_nodes": 0, "min_saved_bytes": [], "reason": "hot rows off: slower in the trial"}

@@ -89,10 +89,14 @@ def test_the_plan_decides_and_shows_hot_rows(comm, tmp_path):
     ok &= all(v.hot_rows["min_nodes"] == 0 for v in shown.values() if v.kind == "sparse")
     auto = Plan.load(os.path.join(base, "auto", "plan.json"))
     nodes = comm.Get_size()  # one rank per node, every one a worker
+    record = auto.search.get("hot_rows_trial", {"model": {}, "kept": False})
     for v in auto.variables.values():
         if v.kind == "sparse" and v.method == "ps":
-            ok &= v.hot_rows == decide(nodes, v.shape[1] * np.dtype(v.dtype).itemsize,
-                                       auto.fabric, nodes)
+            model = decide(nodes, v.shape[1] * np.dtype(v.dtype).itemsize, auto.fabric, nodes)
+            # the model's trees are in force only where the trial kept them
+            kept = record["kept"] and v.name in record["model"]
+            ok &= ((v.hot_rows == model) if not model["min_nodes"] or kept
+                   else (v.hot_rows["min_nodes"] == 0 and record["model"][v.name] == model))
             # a pair with the owner's node never pays: no tree on 2 nodes
             ok &= nodes > 2 or v.hot_rows["min_nodes"] == 0
     assert comm.allreduce(bool(ok), op=MPI.LAND)
@@ -116,7 +120,10 @@ def test_the_trial_times_trees_on_and_off_and_keeps_the_faster(comm, tmp_path):
         trial = comm.bcast((trainer.losses, trainer.parameters), root=root)
         short = Trainer({**TINY, **steps, "steps": 8, "run_dir": os.path.join(base, "short")},
                         comm=comm)
-        short.run()  # the trial would need 12 steps after the plan: skipped
+        short.run()  # 6 steps after the plan: one round of 4 steps fits, not 3
+        tiny = Trainer({**TINY, **steps, "steps": 5, "run_dir": os.path.join(base, "tiny")},
+                       comm=comm)
+        tiny.run()  # 3 steps after the plan: no round fits, the trees are turned off
     finally:
         del hpcpax.options.hot_rows, hpcpax.options.hot_rows_min_bytes
     plain = Trainer({**TINY, **steps, "hot_rows": "off",
@@ -132,7 +139,17 @@ def test_the_trial_times_trees_on_and_off_and_keeps_the_faster(comm, tmp_path):
     ok &= record["kept"] == (np.median(record["on_s"]) < np.median(record["off_s"]))
     entry = plan.variables["embedding"].hot_rows  # what is in force after the trial
     ok &= (entry["min_nodes"] == 2) == record["kept"]
-    ok &= "hot_rows_trial" not in Plan.load(os.path.join(base, "short", "plan.json")).search
+    short = Plan.load(os.path.join(base, "short", "plan.json"))
+    ok &= short.search["hot_rows_trial"]["steps"] == [3, 6]
+    ok &= len(short.search["hot_rows_trial"]["on_s"]) == 1
+    tiny = Plan.load(os.path.join(base, "tiny", "plan.json"))
+    ok &= tiny.search["hot_rows_trial"]["kept"] is False
+    ok &= "3 steps left" in tiny.search["hot_rows_trial"]["skipped"]
+    ok &= tiny.variables["embedding"].hot_rows["min_nodes"] == 0
+    ok &= tiny.search["hot_rows_trial"]["model"]["embedding"]["min_nodes"] == 2
+    # unverified trees never ran: no step after the plan relayed a row
+    ok &= not any(r["bytes"].get("relay") for r in read_metrics(
+        os.path.join(base, "tiny", "metrics.jsonl")) if r.get("step", 0) > 2 and "bytes" in r)
     # the trial's "on" steps relayed rows, its "off" steps did not
     lines = {r["step"]: r for r in read_metrics(os.path.join(base, "trial", "metrics.jsonl"))
              if "bytes" in r}
