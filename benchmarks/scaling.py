@@ -47,7 +47,8 @@ count: median, min, max), ``ratio_hybrid_vs_allgather_N``,
 ``offnode_bytes_vs_predicted_max`` (hpcpax's counted off-node bytes against
 the protocol's formula on the same ids; plans without kept trees),
 ``cpu_busy_max``, ``wire_bytes`` (the veths' counters, headers included),
-``valid``; a PNG of samples/s against nodes per method (``--png``).
+``link_utilisation`` (a node's wire bytes per step over the step's seconds x
+the link rate, one direction), ``valid``; a PNG of samples/s against nodes per method (``--png``).
 
 Usage: ``python benchmarks/scaling.py [--quick] [--nodes 2,4,8,16] [--rounds 3]``.
 """
@@ -235,6 +236,14 @@ def main():
                 out[f"nodes_{nodes}"]["errors"] = errors
     finally:
         cluster.down(args.prefix, log=lambda text: None)
+    # link utilisation: each node's bytes on its link (headers included) per undilated
+    # second of the step, over the undilated link rate (one direction)
+    link_Bps = cluster.spec.parse_rate(args.rate) / 8
+    for n in node_counts:
+        for e in out[f"nodes_{n}"].values():
+            if isinstance(e, dict) and e.get("wire_bytes_per_step", {}).get("median"):
+                e["link_utilisation"] = round(e["wire_bytes_per_step"]["median"] / n / (
+                    e["seconds_per_step"]["median"] * link_Bps), 4)
     rate = {n: {m: e["samples_per_s"]["median"] for m, e in out[f"nodes_{n}"].items()
                 if isinstance(e, dict) and "samples_per_s" in e} for n in node_counts}
     for n in node_counts:

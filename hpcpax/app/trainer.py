@@ -24,6 +24,8 @@ checkpoint after step ``s`` resumes at ``s + 1`` (data readers are stateless).
 
 from __future__ import annotations
 
+import dataclasses
+
 import os
 import time
 
@@ -208,9 +210,15 @@ class Trainer:
         request = resolve_plan(relaxed_run.plan_under(config, spec), [s.name for s in specs])
         self.dense, self.optimizer, self.dense_state = build.dense_variables(
             topo, self.model, config, self.device.xp)
+        modeled = parse_emulate_compute(config["emulate_compute"], config["time_dilation"])
+        settings = EngineSettings.from_config(config)
+        if modeled is not None:  # a run of known length: start-up keeps to a share of it
+            step_s = modeled.seconds(config["global_batch"] / max(1, topo.num_workers))
+            settings = dataclasses.replace(settings, plan=dataclasses.replace(
+                settings.plan, planned_run_s=config["steps"] * step_s))
         began = time.perf_counter()
         self.engine = engine = build_engine(
-            topo, specs, request, EngineSettings.from_config(config),
+            topo, specs, request, settings,
             dense=build.dense_shapes(self.model), watchdog=self.watchdog,
             run_dir=self.run_dir, log=self.log)
         # the parameter server, the tables' layout, the plan's start-up measurements
@@ -222,7 +230,6 @@ class Trainer:
             "tables": lambda: table_report(topo.comm, engine.ps)})
         #: The emulated accelerator (``--emulate-compute``), or None.
         self.emulated = None
-        modeled = parse_emulate_compute(config["emulate_compute"], config["time_dilation"])
         if modeled is not None:
             self.emulated = EmulatedCompute(modeled, self.model.dense_shapes(), self.model.dtype,
                                             self.device.xp)

@@ -11,7 +11,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-__all__ = ["PlanSettings", "EngineSettings"]
+__all__ = ["STARTUP_SHARE", "PlanSettings", "EngineSettings"]
+
+#: The share of a run of known length its start-up measurements may take.
+STARTUP_SHARE = 0.02
 
 
 @dataclass(frozen=True)
@@ -30,6 +33,11 @@ class PlanSettings:
         hot_rows_trial: rounds of the live hot-rows trial (0: none).
         steps: the run's length (searches and re-plans leave the end alone).
         resume: the run continues a run directory (a measured plan is reused).
+        planned_run_s: the run's expected wall seconds where known before it
+            starts (emulated compute: steps x the modeled step), else None;
+            the start-up measurements then keep to
+            :data:`STARTUP_SHARE` of it where that is less than their
+            defaults (:attr:`startup_budget_s`).
     """
 
     plan_steps: int = 10
@@ -42,6 +50,13 @@ class PlanSettings:
     hot_rows_trial: int = 0
     steps: int = 1 << 62
     resume: bool = False
+    planned_run_s: float | None = None
+
+    @property
+    def startup_budget_s(self) -> float | None:
+        """Seconds the start-up measurements may take beyond their defaults' cap:
+        :data:`STARTUP_SHARE` of :attr:`planned_run_s`, or None (defaults)."""
+        return None if not self.planned_run_s else STARTUP_SHARE * self.planned_run_s
 
     def __post_init__(self):
         if isinstance(self.plan_steps, bool) or not isinstance(self.plan_steps, int) \

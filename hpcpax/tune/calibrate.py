@@ -287,8 +287,15 @@ def measure_after_work(topology, work_s=HANDOFF_WORK_S, repeats: int = 60) -> di
     return out
 
 
-def calibrate(topology, fabric_seconds: float = 1.0, dim: int = 64) -> dict:
+def calibrate(topology, fabric_seconds: float = 1.0, dim: int = 64,
+              budget_s: float | None = None) -> dict:
     """The model's measured constants for this job; **collective** over ``topology.comm``.
+
+    ``budget_s`` (None: the defaults, a few seconds): a cap on the timed parts,
+    for a run whose length is known (2 % of it, see
+    :attr:`~hpcpax.engine.settings.PlanSettings.startup_budget_s`): the fabric
+    and the Allreduce get at most a fifth of it each, the operations half,
+    each never more than its default.
 
     Returns ``{"fabric": dict for Links.from_fabric, "kernels": {...},
     "handoff", "software", "software_scope": "job", "partition_overhead_s",
@@ -303,14 +310,19 @@ def calibrate(topology, fabric_seconds: float = 1.0, dim: int = 64) -> dict:
 
     comm = topology.comm
     one_host = on_one_host(comm)
-    fabric = measure_fabric(topology, budget_s=fabric_seconds).to_dict()
+
+    def capped(default, share):
+        return default if budget_s is None else min(default, share * budget_s)
+
+    fabric = measure_fabric(topology, budget_s=capped(fabric_seconds, 0.2)).to_dict()
     fabric.update(duplex=not one_host, shared_nic=not one_host)
     # on one host the model's Allreduce figures are measured (the alpha-beta links do
     # not price shared memory's copies); across hosts the fabric's links price it, and
     # nothing is sent for a figure the model would not use
     for key, fresh in (("allreduce", False), ("allreduce_fresh", True)) if one_host else ():
-        measured = measure_allreduce(topology.workers, fresh=fresh,
-                                     budget_s=ALLREDUCE_BUDGET_S) if topology.is_worker else None
+        measured = (measure_allreduce(topology.workers, fresh=fresh,
+                                      budget_s=capped(ALLREDUCE_BUDGET_S, 0.2))
+                    if topology.is_worker else None)
         idle_barrier(comm)  # the servers wait for the workers' timing without spinning
         measured = comm.bcast(measured, root=topology.worker_ranks[0])
         if measured is not None:
@@ -322,7 +334,7 @@ def calibrate(topology, fabric_seconds: float = 1.0, dim: int = 64) -> dict:
     kernels = {name: {key: float(np.median([r[name][key] for r in everyone]))
                       for key in ("call_s", "unit_s")} for name in mine}
     comm.Barrier()
-    software = measure_operations(topology, budget_s=OPERATIONS_BUDGET_S)
+    software = measure_operations(topology, budget_s=capped(OPERATIONS_BUDGET_S, 0.5))
     per_partition = software.pop("per_partition")["call_s"]
     return {"fabric": fabric, "kernels": kernels, "handoff": handoff, "software": software,
             "software_scope": "job", "partition_overhead_s": per_partition,

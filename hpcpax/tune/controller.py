@@ -97,12 +97,14 @@ class PlanController:
             from .calibrate import calibrate, cost_params
 
             calibration = calibrate(self.engine.topology,
-                                    fabric_seconds=config.fabric_seconds)
+                                    fabric_seconds=config.fabric_seconds,
+                                    budget_s=config.startup_budget_s)
             self.fabric = Fabric.from_dict(calibration["fabric"])
             self.model_fabric = calibration["fabric"]  # with the measured Allreduce
             self.params = cost_params(calibration)
             return
-        self.fabric = measure_fabric(self.engine.topology, budget_s=config.fabric_seconds)
+        self.fabric = measure_fabric(self.engine.topology, budget_s=min(
+            config.fabric_seconds, config.startup_budget_s or config.fabric_seconds))
         self.model_fabric = self.fabric
 
     def start(self, first_step: int, resumed: bool = False) -> None:

@@ -105,3 +105,33 @@ def test_the_allreduce_calibration_keeps_to_its_budget(comm):
     assert tight["sizes"] == sorted(ALLREDUCE_SIZES)[:2]  # the fit needs two
     loose = measure_allreduce(comm, sizes=(256, 4096, 65536), budget_s=60.0, repeats=2)
     assert loose["sizes"] == [256, 4096, 65536] and loose["bandwidth_Bps"] > 0
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.timeout(240)
+def test_a_run_of_known_length_keeps_its_start_up_to_two_percent(comm, tmp_path):
+    """Emulated compute makes the run's length known before it starts: ``auto``'s
+    start-up measurements keep to 2 % of it (each part still times its minimum)
+    where the defaults take seconds."""
+    from hpcpax.app.trainer import Trainer
+    from hpcpax.engine.settings import STARTUP_SHARE
+
+    base = comm.bcast(str(tmp_path) if comm.Get_rank() == 0 else None, root=0)
+    config = {"model": "lm", "vocab_size": 2000, "emb_dim": 8, "out_dim": 8, "hidden": [8],
+              "num_sampled": 16, "global_batch": 32, "steps": 12, "plan": "auto",
+              "plan_steps": 2, "quiet": True}
+    seconds = {}
+    for label, extra in (("defaults", {}), ("known", {"emulate_compute": "0.01"})):
+        trainer = Trainer({**config, **extra, "run_dir": os.path.join(base, label)}, comm=comm)
+        trainer.run()
+        plan = trainer.engine.settings.plan
+        seconds[label] = trainer.startup["engine"]
+        if label == "known":  # 12 steps x 10 ms: 0.12 s, of which 2 %
+            assert plan.planned_run_s == pytest.approx(0.12)
+            assert plan.startup_budget_s == pytest.approx(STARTUP_SHARE * 0.12)
+        else:
+            assert plan.planned_run_s is None and plan.startup_budget_s is None
+    seconds = comm.bcast(seconds, root=0)
+    # the defaults spend seconds (operations 3 s, the fabric, the Allreduce); the
+    # capped parts time only their minimum repeats
+    assert seconds["known"] < 0.5 * seconds["defaults"], seconds

@@ -42,6 +42,8 @@ def test_scaling_quick_runs_every_method_on_emulated_accelerators():
         assert 0 < entry["samples_per_s"]["median"] and math.isfinite(
             entry["samples_per_s"]["median"]), name
         assert entry["cpu_busy_max"] < 0.6, (name, entry["cpu_busy_max"])
+        # a node's sent bytes per undilated second never exceed its link's rate
+        assert 0 < entry["link_utilisation"] <= 1.0, (name, entry["link_utilisation"])
         if name == "torch":  # DDP's reductions after the same emulated compute
             assert entry["wire_bytes_per_step"]["median"] > 0
             continue
