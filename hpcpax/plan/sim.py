@@ -22,6 +22,14 @@ Strategies, all priced by :mod:`hpcpax.plan.cost_model`:
   allreduced.
 * ``auto``: per variable, the cost model's fastest method.
 
+A sparse variable's ``access`` gives its row densities (``alpha`` per
+worker and per node, the expected distinct rows of its draws) and its
+duplicate ratio: lookups per step (every draw; each of a sampler's distinct
+ids once) over its expected distinct rows. Kernels that take every id (a
+worker's ``unique`` and ``dedup``) and an allgather of raw rows (a cluster
+whose framework sends one row per lookup, ``allgather_rows: "raw"``) see
+the lookups, the rest the distinct rows.
+
 Each strategy's step is priced by the same step model as the trainer's
 (:func:`hpcpax.plan.step_model.predict_step`: compute, then the batched
 exchanges of every variable, each phase after the other unless the preset
@@ -136,9 +144,16 @@ def variable_specs(model: dict, workers_per_node: int) -> list:
             terms = _access_terms(var["access"], int(var["shape"][0]))
             alpha = expected_touched_fraction(terms, 1)
             alpha_node = expected_touched_fraction(terms, workers_per_node)
+        duplicate_ratio = float(var.get("duplicate_ratio", 1.0))
+        if var["kind"] == "sparse" and "access" in var and alpha:
+            # lookups per step: every draw, or each of a sampler's distinct ids once
+            lookups = sum(float(item["draws"]) if "draws" in item else float(item["unique"])
+                          for item in var["access"])
+            duplicate_ratio = max(1.0, lookups / (alpha * int(var["shape"][0])))
         specs.append(VarSpec(name=var["name"], kind=var["kind"], shape=tuple(var["shape"]),
                              dtype=var.get("dtype", "float32"),
-                             alpha=1.0 if alpha is None else alpha, alpha_node=alpha_node))
+                             alpha=1.0 if alpha is None else alpha, alpha_node=alpha_node,
+                             duplicate_ratio=duplicate_ratio))
     return specs
 
 

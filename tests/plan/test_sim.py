@@ -94,7 +94,7 @@ def test_report_names_bottlenecks_scaling_and_quotes_the_paper(capsys):
     assert "2.8x over TensorFlow and 6.02x over Horovod" in out
     result = sim.simulate(sim.load_preset("lm1b"), dict(sim.load_preset("parallax_8x6"), num_nodes=2))
     known = {"compute", "latency", "intra link", "inter link", "node NIC", "server CPU",
-             "client kernels"}
+             "client kernels", "host staging"}
     assert all(s["bottleneck"] in known for s in result["strategies"].values())
 
 
