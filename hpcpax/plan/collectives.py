@@ -23,9 +23,11 @@ Every round costs ``latency + bytes / bandwidth`` of the link it crosses
 (``intra`` or ``inter``); a round ends when its slowest rank is done. On a
 real cluster the ranks of a node share one NIC: a round also lasts at least
 the node's off-node bytes over the inter-node bandwidth (``shared_nic``).
-Full-duplex links move a rank's sends and receives at once; when the
-"links" are copies through host memory on one machine (``duplex=False``)
-the same core does both, so they add up.
+With more busy ranks than cores, every round also waits for its ranks'
+turns on the cores (``Links.round_wait_s``; a scattered ``Alltoallv``
+waits once). Full-duplex links move a rank's sends and receives at once;
+when the "links" are copies through host memory on one machine
+(``duplex=False``) the same core does both, so they add up.
 """
 
 from __future__ import annotations

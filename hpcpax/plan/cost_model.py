@@ -15,7 +15,12 @@ Mechanisms (each in its own module, all pure arithmetic):
   phase with no overlap; server work parallel over the partitions a server
   owns (``server_lanes``) plus a cost per partition; local aggregation's
   node fan-in (the delegate receives and sums its node's rows); kernel
-  seconds from measured rates (:mod:`~hpcpax.plan.kernel_rates`).
+  seconds from measured rates (:mod:`~hpcpax.plan.kernel_rates`); an
+  allgather push as hpcpax runs it (distinct rows, one fused
+  ``Allgatherv``) or as another framework did (:class:`CostParams`'s
+  ``allgather_rows``, ``allgather_fused``, ``allgather_staging_Bps``:
+  TensorFlow's undeduplicated rows, Horovod's one ``Allgatherv`` per tensor
+  and its copies through the host).
 
 This module keeps the per-variable interface the planner uses
 (:func:`predict`, :func:`predict_all`, :func:`choose`): one variable priced
