@@ -10,8 +10,8 @@ that configuration, builds the simulator's inputs (:mod:`hpcpax.plan.sim`):
   the very batches the run trained on (the same synthetic stream, shuffle
   and seed as ``_cluster_lm_job.py``'s trainer, the timed steps): distinct
   rows per worker (``alpha``) and lookups per distinct row
-  (``duplicate_ratio``). The compute is the emulated one (``lm1b``: 100 ms
-  per 128 samples per worker).
+  (``duplicate_ratio``). The compute is the run's emulated one
+  (``--emulate-compute``; ``lm1b``: 100 ms per 128 samples per worker).
 * the cluster: one worker per node, ``servers_per_node`` 0 (every worker
   hosts partitions), links of the results' undilated rate per direction,
   latency the added delay (0 unless the file says otherwise) plus a TCP
@@ -145,11 +145,11 @@ def model_preset(results, nodes: int) -> dict:
                  for name, (alpha, ratio) in access.items()]
     variables += [{"name": name, "kind": "dense", "shape": list(shape)}
                   for name, shape in model.dense_shapes().items()]
-    # --emulate-compute lm1b: the preset's compute per sample, times the worker's samples
-    from hpcpax.plan.sim import load_preset
+    # the emulated forward/backward of a worker's samples (undilated: dilation 1)
+    from hpcpax.app.emulation import parse_emulate_compute
 
-    lm1b = load_preset("lm1b")
-    compute_ms = lm1b["compute_ms"] / lm1b["samples_per_worker"] * results["per_worker"]
+    compute = parse_emulate_compute(results.get("emulate_compute"))
+    compute_ms = 1e3 * compute.seconds(results["per_worker"]) if compute else 0.0
     return {"name": "scaling-lm", "samples_per_worker": results["per_worker"],
             "compute_ms": compute_ms, "variables": variables}
 
