@@ -309,7 +309,8 @@ class CostParams:
             raise ValueError(f"software_scope must be 'process' or 'job', "
                              f"not {self.software_scope!r}")
         if self.allgather_rows not in ("unique", "raw"):
-            raise ValueError(f"allgather_rows must be 'unique' or 'raw', not {self.allgather_rows!r}")
+            raise ValueError(f"allgather_rows must be 'unique' or 'raw', "
+                             f"not {self.allgather_rows!r}")
         if self.allgather_staging_Bps is not None and not float(self.allgather_staging_Bps) > 0:
             raise ValueError(f"allgather_staging_Bps must be > 0 or None, "
                              f"not {self.allgather_staging_Bps!r}")
