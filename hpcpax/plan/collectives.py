@@ -23,9 +23,11 @@ Every round costs ``latency + bytes / bandwidth`` of the link it crosses
 (``intra`` or ``inter``); a round ends when its slowest rank is done. On a
 real cluster the ranks of a node share one NIC: a round also lasts at least
 the node's off-node bytes over the inter-node bandwidth (``shared_nic``).
-Full-duplex links move a rank's sends and receives at once; when the
-"links" are copies through host memory on one machine (``duplex=False``)
-the same core does both, so they add up.
+With more busy ranks than cores, every round also waits for its ranks'
+turns on the cores (``Links.round_wait_s``; a scattered ``Alltoallv``
+waits once). Full-duplex links move a rank's sends and receives at once;
+when the "links" are copies through host memory on one machine
+(``duplex=False``) the same core does both, so they add up.
 """
 
 from __future__ import annotations
@@ -66,6 +68,10 @@ class Links:
         allreduce_fresh: the same for a buffer allocated just before the
             call (a densified table: its pages are first touched, and
             faulted in, inside the ``Allreduce``); None: as ``allreduce``.
+        round_wait_s: seconds every round of a collective waits beyond its
+            latency, for the ranks in it to get a core (ranks outnumbering
+            the cores: see :mod:`hpcpax.plan.sim`'s ``oversubscription``);
+            not added to a measured ``allreduce``, whose measurement holds it.
     """
 
     intra_latency: float
@@ -77,13 +83,14 @@ class Links:
     shared_nic: bool = True
     allreduce: tuple | None = None
     allreduce_fresh: tuple | None = None
+    round_wait_s: float = 0.0
 
     @classmethod
     def from_fabric(cls, fabric) -> "Links":
         """From a ``hpcpax.comm.fabric.Fabric``, its ``to_dict()``, or a :class:`Links`.
 
-        A dict may also carry ``duplex``, ``shared_nic`` and ``allreduce``
-        (``{"latency_s", "bandwidth_Bps"}``).
+        A dict may also carry ``duplex``, ``shared_nic``, ``allreduce``
+        (``{"latency_s", "bandwidth_Bps"}``) and ``round_wait_s``.
         """
         if isinstance(fabric, cls):
             return fabric
@@ -105,7 +112,8 @@ class Links:
             fresh = (float(fresh["latency_s"]), float(fresh["bandwidth_Bps"]))
         return cls(il, ib, xl, xb, max(1, int(get("allreduce_bucket_bytes", 64 << 20) or 1)),
                    bool(get("duplex", True)), bool(get("shared_nic", True)),
-                   tuple(measured) if measured else None, tuple(fresh) if fresh else None)
+                   tuple(measured) if measured else None, tuple(fresh) if fresh else None,
+                   float(get("round_wait_s", 0.0) or 0.0))
 
     def link(self, crosses: bool):
         """``(latency, bandwidth)`` of the inter-node link if ``crosses``, else intra."""
@@ -173,7 +181,8 @@ def _round(cost, links, node_of, send_bytes, dest, recv_bytes, source):
     if links.shared_nic and crosses:
         nic_s = _nic_seconds(links, node_of, np.where(cross_out, send_bytes, 0.0),
                              np.where(cross_in, recv_bytes, 0.0))
-    cost.add_round(latency, link_s, nic_s, "inter link" if crosses else "intra link", "node NIC")
+    cost.add_round(latency + links.round_wait_s, link_s, nic_s,
+                   "inter link" if crosses else "intra link", "node NIC")
 
 
 def _nic_seconds(links, node_of, off_out, off_in) -> float:
@@ -271,7 +280,8 @@ def alltoallv(node_of, matrix, links: Links) -> Cost:
     if links.shared_nic and crosses:
         nic_s = _nic_seconds(links, node_of, np.where(cross, m, 0.0).sum(axis=1),
                              np.where(cross, m, 0.0).sum(axis=0))
-    cost.add_round(float(messages[slowest] * latency), link_s, nic_s,
+    # every send is posted at once: the ranks' turns on the cores are waited for once
+    cost.add_round(float(messages[slowest] * latency) + links.round_wait_s, link_s, nic_s,
                    "inter link" if crosses else "intra link", "node NIC")
     return cost
 
@@ -338,7 +348,7 @@ def allreduce(node_of, nbytes: float, links: Links, itemsize: int = 4,
         lat, bw, rounds, name = _allreduce_flat(p, nbytes, count, links.intra_latency,
                                                 links.intra_bandwidth, links.duplex)
         cost.algorithm = name
-        cost.add_round(lat, bw, 0.0, "intra link", "node NIC")
+        cost.add_round(lat + rounds * links.round_wait_s, bw, 0.0, "intra link", "node NIC")
         cost.rounds = rounds
         return cost
     g = int(np.bincount(node_of).max())
@@ -351,10 +361,10 @@ def allreduce(node_of, nbytes: float, links: Links, itemsize: int = 4,
         small = nbytes <= SHORT_MESSAGE or count < 1 << (g.bit_length() - 1)
         moved = inside * nbytes if small else 2.0 * (g - 1) / g * nbytes
         steps = inside if small else 2 * inside
-        cost.add_round(2 * steps * links.intra_latency, 2 * moved * per_byte_in, 0.0,
-                       "intra link", "node NIC")
+        cost.add_round(2 * steps * (links.intra_latency + links.round_wait_s),
+                       2 * moved * per_byte_in, 0.0, "intra link", "node NIC")
     lat, bw, rounds, _ = _allreduce_flat(len(nodes), nbytes, count, links.inter_latency,
                                          links.inter_bandwidth, links.duplex)
-    cost.add_round(lat, bw, 0.0, "inter link", "node NIC")
+    cost.add_round(lat + rounds * links.round_wait_s, bw, 0.0, "inter link", "node NIC")
     cost.rounds = 2 * inside + rounds
     return cost

@@ -15,7 +15,12 @@ Mechanisms (each in its own module, all pure arithmetic):
   phase with no overlap; server work parallel over the partitions a server
   owns (``server_lanes``) plus a cost per partition; local aggregation's
   node fan-in (the delegate receives and sums its node's rows); kernel
-  seconds from measured rates (:mod:`~hpcpax.plan.kernel_rates`).
+  seconds from measured rates (:mod:`~hpcpax.plan.kernel_rates`); an
+  allgather push as hpcpax runs it (distinct rows, one fused
+  ``Allgatherv``) or as another framework did (:class:`CostParams`'s
+  ``allgather_rows``, ``allgather_fused``, ``allgather_staging_Bps``:
+  TensorFlow's undeduplicated rows, Horovod's one ``Allgatherv`` per tensor
+  and its copies through the host).
 
 This module keeps the per-variable interface the planner uses
 (:func:`predict`, :func:`predict_all`, :func:`choose`): one variable priced
@@ -258,6 +263,27 @@ class CostParams:
             :func:`~hpcpax.tune.calibrate.measure_operations`: the host path
             and the latencies of the operation's collectives, which the step
             model then does not charge again).
+        allgather_rows: what a worker's block of an allgather push holds:
+            ``"unique"`` (hpcpax deduplicates and sums its rows first, one
+            row per distinct id) or ``"raw"`` (one row per lookup, as
+            TensorFlow's gradient of a gather, an ``IndexedSlices`` whose
+            ``values``/``indices`` Horovod allgathers as they are; the
+            receivers then sum ``workers x raw`` rows).
+        allgather_fused: all allgather tables of a push travel in one
+            ``Allgatherv`` (after one of the counts), as hpcpax's does; False:
+            one ``Allgatherv`` per tensor, a table's indices and values
+            apart (Horovod fused allreduce only until allgather fusion,
+            horovod/horovod PR #732, merged January 2019; its coordinator
+            exchanged the sizes in its negotiation, so no counts collective).
+        allgather_staging_Bps: None: the allgather runs on the buffers the
+            gradients live in (hpcpax on the host, or CUDA-aware MPI). A
+            rate: the allgather runs on host copies (Horovod built without
+            ``HOROVOD_GPU_ALLGATHER`` copies a GPU tensor to the host, runs
+            its CPU ``MPI_Allgatherv``, and copies the result back: horovod
+            PR #1480), so each worker moves its own block device-to-host and
+            the gathered blocks of every worker host-to-device, and a
+            node's workers share this many bytes per second for it (their
+            PCIe uplinks to the host; a preset says what it assumed).
         source: where the numbers come from (printed with predictions).
     """
 
@@ -273,12 +299,21 @@ class CostParams:
     handoff: dict | None = None
     software: dict | None = None
     software_scope: str = "process"
+    allgather_rows: str = "unique"
+    allgather_fused: bool = True
+    allgather_staging_Bps: float | None = None
     source: str = ""
 
     def __post_init__(self):
         if self.software_scope not in ("process", "job"):
             raise ValueError(f"software_scope must be 'process' or 'job', "
                              f"not {self.software_scope!r}")
+        if self.allgather_rows not in ("unique", "raw"):
+            raise ValueError(f"allgather_rows must be 'unique' or 'raw', "
+                             f"not {self.allgather_rows!r}")
+        if self.allgather_staging_Bps is not None and not float(self.allgather_staging_Bps) > 0:
+            raise ValueError(f"allgather_staging_Bps must be > 0 or None, "
+                             f"not {self.allgather_staging_Bps!r}")
         if self.partition_overhead_per not in ("variable", "exchange"):
             raise ValueError(f"partition_overhead_per must be 'variable' or 'exchange', "
                              f"not {self.partition_overhead_per!r}")
@@ -331,7 +366,9 @@ class CostParams:
                 "kernels": self.kernels, "ps_batch": self.ps_batch,
                 "overlap_dense": self.overlap_dense, "backward_fraction": self.backward_fraction,
                 "handoff": self.handoff, "software": self.software,
-                "software_scope": self.software_scope, "source": self.source}
+                "software_scope": self.software_scope, "allgather_rows": self.allgather_rows,
+                "allgather_fused": self.allgather_fused,
+                "allgather_staging_Bps": self.allgather_staging_Bps, "source": self.source}
 
 
 def _routing(var: VarSpec, method: str, layout, partitions: int, local_aggregation: bool):

@@ -22,6 +22,18 @@ Strategies, all priced by :mod:`hpcpax.plan.cost_model`:
   allreduced.
 * ``auto``: per variable, the cost model's fastest method.
 
+A sparse variable's ``access`` gives its row densities (``alpha`` per
+worker and per node, the expected distinct rows of its draws) and its
+duplicate ratio: lookups per step (every draw; each of a sampler's distinct
+ids once) over its expected distinct rows. Kernels that take every id (a
+worker's ``unique`` and ``dedup``) and an allgather of raw rows (a cluster
+whose framework sends one row per lookup, ``allgather_rows: "raw"``) see
+the lookups, the rest the distinct rows.
+
+A cluster whose ranks outnumber its cores (an emulated cluster on one
+host) may give ``round_wait_s``: the seconds each round of a collective
+waits for its ranks' turns on the cores (:func:`oversubscription_round_wait`).
+
 Each strategy's step is priced by the same step model as the trainer's
 (:func:`hpcpax.plan.step_model.predict_step`: compute, then the batched
 exchanges of every variable, each phase after the other unless the preset
@@ -47,6 +59,7 @@ import numpy as np
 from ..errors import ConfigError, HpcpaxError
 from ..options import counted
 from ..comm.fabric import Fabric, LinkModel
+from ..comm.polling import WITHIN_SPIN_SECONDS
 from ..sync.methods import method_of
 from .auto import make_plan
 from .cost_model import ClusterShape, CostParams, VarSpec
@@ -136,9 +149,16 @@ def variable_specs(model: dict, workers_per_node: int) -> list:
             terms = _access_terms(var["access"], int(var["shape"][0]))
             alpha = expected_touched_fraction(terms, 1)
             alpha_node = expected_touched_fraction(terms, workers_per_node)
+        duplicate_ratio = float(var.get("duplicate_ratio", 1.0))
+        if var["kind"] == "sparse" and "access" in var and alpha:
+            # lookups per step: every draw, or each of a sampler's distinct ids once
+            lookups = sum(float(item["draws"]) if "draws" in item else float(item["unique"])
+                          for item in var["access"])
+            duplicate_ratio = max(1.0, lookups / (alpha * int(var["shape"][0])))
         specs.append(VarSpec(name=var["name"], kind=var["kind"], shape=tuple(var["shape"]),
                              dtype=var.get("dtype", "float32"),
-                             alpha=1.0 if alpha is None else alpha, alpha_node=alpha_node))
+                             alpha=1.0 if alpha is None else alpha, alpha_node=alpha_node,
+                             duplicate_ratio=duplicate_ratio))
     return specs
 
 
@@ -146,6 +166,32 @@ def cluster_fabric(cluster: dict) -> Fabric:
     """The link models of a cluster preset."""
     return Fabric(intra=LinkModel(**cluster["intra"]), inter=LinkModel(**cluster["inter"]),
                   allreduce_bucket_bytes=int(cluster.get("allreduce_bucket_bytes", 64 << 20)))
+
+
+def oversubscription_round_wait(ranks: int, cores: int, spin_s: float = WITHIN_SPIN_SECONDS
+                                ) -> float:
+    """Seconds each round of a collective waits for its ranks' turns on ``cores`` cores.
+
+    hpcpax's wait policy (:mod:`hpcpax.comm.polling`) polls for ``spin_s``
+    inside an operation before it sleeps, so a rank that waits for a
+    message holds a core meanwhile. With ``ranks`` busy in one collective on
+    fewer ``cores``, a rank whose message the round needs queues behind the
+    ``ranks / cores - 1`` others on its core; each of those is assumed to be,
+    on average, half-way through its spin (an assumption, not a fit: a spin
+    begun at a uniformly random time before). 0 when every rank has a core.
+    """
+    if cores < 1 or ranks <= cores:
+        return 0.0
+    return (ranks / cores - 1.0) * float(spin_s) / 2.0
+
+
+def _fabric_of(cluster: dict):
+    """The fabric the step model prices with: the preset's links, plus its
+    ``round_wait_s`` (seconds each collective round waits for its ranks' turns)."""
+    fabric = cluster_fabric(cluster)
+    if cluster.get("round_wait_s"):
+        return dict(fabric.to_dict(), round_wait_s=float(cluster["round_wait_s"]))
+    return fabric
 
 
 #: Dense variables held on servers (``ps_all``) travel as blocks of this many bytes.
@@ -205,7 +251,7 @@ def simulate(model: dict, cluster: dict, partitions: int | None = None) -> dict:
     """
     shape = ClusterShape(int(cluster["num_nodes"]), int(cluster["gpus_per_node"]),
                          int(cluster.get("servers_per_node", 0)))
-    fabric = cluster_fabric(cluster)
+    fabric = _fabric_of(cluster)
     cost = {k: v for k, v in cluster.get("cost", {}).items() if not k.endswith("_note")}
     params = CostParams(**cost, source=cluster.get("name", "cluster preset"))
     specs = variable_specs(model, shape.workers_per_node)

@@ -54,10 +54,20 @@ pushes is charged. The workers' collectives themselves are priced in the
 servers' state (``dense_allreduce`` / ``control`` with PS tables served,
 their ``_idle`` forms when every table is replicated).
 
+An allgather push moves each worker's block (its distinct rows, or with
+``CostParams.allgather_rows="raw"`` one row per lookup, as TensorFlow's
+gradients of a gather are) in one fused ``Allgatherv`` after one of the
+counts, or (``allgather_fused=False``, Horovod before allgather fusion)
+one ``Allgatherv`` per tensor, a table's indices and values apart; a
+host-staged allgather (``allgather_staging_Bps``) also copies each
+worker's block to the host and every gathered block back, over its node's
+shared uplinks (``host staging``). Every worker then sums all the blocks'
+rows and updates the union of rows.
+
 Every second is also charged to a *resource* (``compute``, ``client
 kernels``, ``server CPU``, ``intra link``, ``inter link``, ``node NIC``,
-``latency``, ``software``, ``scheduling``); the one with the most is the
-step's bottleneck. Pure NumPy.
+``host staging``, ``latency``, ``software``, ``scheduling``); the one with
+the most is the step's bottleneck. Pure NumPy.
 """
 
 from __future__ import annotations
@@ -357,15 +367,32 @@ def predict_step(layout: Layout, links, params, routings: dict, dense_bytes=(),
         pred.charge("push", "software", params.overhead("allgather_push", len(replicas),
                                                         rows_of(gathered)))
     if gathered:
-        record = [r.unique[workers] * (INDEX_BYTES + r.row_bytes) for r in gathered]
+        # a worker's block: its distinct rows (hpcpax), or one row per lookup (TensorFlow)
+        blocks = [(r.raw if params.allgather_rows == "raw" else r.unique)[workers]
+                  for r in gathered]
         pred.hand_off("push")
-        pred.charge_cost("push", coll.allgatherv(worker_nodes, COUNT_BYTES * len(gathered), links),
-                         covered=True)
-        pred.charge_cost("push", coll.allgatherv(worker_nodes, sum(record), links), covered=True)
+        if params.allgather_fused:
+            pred.charge_cost("push", coll.allgatherv(worker_nodes, COUNT_BYTES * len(gathered),
+                                                     links), covered=True)
+            pred.charge_cost("push", coll.allgatherv(worker_nodes, sum(
+                rows * (INDEX_BYTES + r.row_bytes) for rows, r in zip(blocks, gathered)), links),
+                covered=True)
+        else:  # one Allgatherv per tensor: each table's indices, then its values
+            for rows, r in zip(blocks, gathered):
+                for width in (INDEX_BYTES, r.row_bytes):
+                    pred.charge_cost("push", coll.allgatherv(worker_nodes, rows * width, links),
+                                     covered=True)
+        if params.allgather_staging_Bps:
+            # host-staged: each worker copies its block out and every block back in,
+            # over its node's shared uplinks to the host
+            block = sum(rows * (INDEX_BYTES + r.row_bytes) for rows, r in zip(blocks, gathered))
+            staged = np.bincount(worker_nodes, weights=block + block.sum())
+            pred.charge("push", "host staging",
+                        float(staged.max()) / float(params.allgather_staging_Bps))
         # every worker sums all workers' rows, then updates the union of rows
         pred.charge("push", "client kernels", sum(
-            params.kernel("dedup", r.unique[workers].sum() * r.row_bytes)
-            + params.kernel("apply", r.union * r.row_bytes) for r in gathered))
+            params.kernel("dedup", rows.sum() * r.row_bytes)
+            + params.kernel("apply", r.union * r.row_bytes) for rows, r in zip(blocks, gathered)))
     for r in densified:
         table = r.rows * r.row_bytes
         # densify_allreduce: each worker writes its rows into zeroed (untouched) pages,

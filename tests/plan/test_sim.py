@@ -1,5 +1,6 @@
 import json
 
+import numpy as np
 import pytest
 
 from hpcpax.plan import sim
@@ -94,7 +95,7 @@ def test_report_names_bottlenecks_scaling_and_quotes_the_paper(capsys):
     assert "2.8x over TensorFlow and 6.02x over Horovod" in out
     result = sim.simulate(sim.load_preset("lm1b"), dict(sim.load_preset("parallax_8x6"), num_nodes=2))
     known = {"compute", "latency", "intra link", "inter link", "node NIC", "server CPU",
-             "client kernels"}
+             "client kernels", "host staging"}
     assert all(s["bottleneck"] in known for s in result["strategies"].values())
 
 
@@ -111,3 +112,26 @@ def test_partitions_beyond_the_servers_parallelize_server_work():
           for p in (2, 8, 64)}
     assert at[2]["samples_per_s"] < at[8]["samples_per_s"] < at[64]["samples_per_s"]
     assert at[64]["resources"]["server CPU"] < at[8]["resources"]["server CPU"] / 4
+
+
+def test_oversubscribed_collectives_wait_for_their_ranks_turns_every_round():
+    from hpcpax.comm.polling import WITHIN_SPIN_SECONDS
+    from hpcpax.plan import collectives as coll
+
+    assert sim.oversubscription_round_wait(2, 2) == sim.oversubscription_round_wait(1, 4) == 0.0
+    assert sim.oversubscription_round_wait(16, 2) == pytest.approx(7 * WITHIN_SPIN_SECONDS / 2)
+    plain = coll.Links(1e-5, 1e8, 1e-5, 1e8)
+    waiting = coll.Links(1e-5, 1e8, 1e-5, 1e8, round_wait_s=1e-3)
+    nodes = list(range(8))
+    ring = coll.allgatherv(nodes, 1 << 20, waiting, algorithm="ring")
+    assert ring.seconds - coll.allgatherv(nodes, 1 << 20, plain, algorithm="ring").seconds \
+        == pytest.approx(7e-3)
+    scattered = coll.alltoallv(nodes, np.full((8, 8), 1000.0), waiting)
+    assert scattered.seconds - coll.alltoallv(nodes, np.full((8, 8), 1000.0), plain).seconds \
+        == pytest.approx(1e-3)  # every send posted at once: one wait
+    cluster = dict(sim.load_preset("parallax_8x6"), num_nodes=2)
+    slower = sim.simulate(sim.load_preset("lm1b"), dict(cluster, round_wait_s=1e-3))
+    base = sim.simulate(sim.load_preset("lm1b"), cluster)
+    assert all(slower["strategies"][s]["step_s"] >= base["strategies"][s]["step_s"]
+               for s in ("allreduce", "ps", "hybrid"))
+    assert slower["strategies"]["ps"]["step_s"] > base["strategies"]["ps"]["step_s"]

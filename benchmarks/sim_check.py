@@ -1,0 +1,316 @@
+"""Does the simulator predict the measured emulated cluster, and the paper's shape?
+
+Reads a results file of ``benchmarks/scaling.py`` (``--results PATH``: the
+newest ``benchmarks/results/*-scaling.json`` by default) and, for exactly
+that configuration, builds the simulator's inputs (:mod:`hpcpax.plan.sim`):
+
+* the model: the results' ``model`` sizes (vocabulary, widths, context,
+  sampled negatives) as :class:`hpcpax.models.lm.LanguageModel` makes them
+  (its dense shapes), and each sparse table's row densities measured on
+  the very batches the run trained on (the same synthetic stream, shuffle
+  and seed as ``_cluster_lm_job.py``'s trainer, the timed steps): distinct
+  rows per worker (``alpha``) and lookups per distinct row
+  (``duplicate_ratio``). The compute is the run's emulated one
+  (``--emulate-compute``; ``lm1b``: 100 ms per 128 samples per worker).
+* the cluster: one worker per node, ``servers_per_node`` 0 (every worker
+  hosts partitions), links of the results' undilated rate per direction,
+  latency the added delay (0 unless the file says otherwise) plus a TCP
+  round trip through this host's kernel (loopback, measured here and
+  divided by the dilation: the nodes' links are veths of one kernel);
+* hpcpax's CPU costs measured here before comparing, never fitted to the
+  results: kernel rates (:func:`hpcpax.plan.kernel_rates.measure_kernel_rates`)
+  and the per-operation host path (:func:`hpcpax.tune.calibrate.measure_software`,
+  a one-rank world). The run reported times divided by its dilation, so
+  they are divided by it too; and with more ranks than the host's cores
+  (``cores`` in the results), the ranks' simultaneous local work shares
+  them, so CPU costs are multiplied by ``max(1, ranks / cores)`` (an
+  assumption: a fair share of the cores, labelled as such in the output),
+  and every round of a collective waits for its ranks' turns on the cores
+  (:func:`hpcpax.plan.sim.oversubscription_round_wait`: the wait policy's
+  spin inside an operation, 2 ms, half of it on average per rank ahead).
+
+Then the simulator predicts each measured method (``hybrid`` -> hybrid,
+``allgather`` -> horovod, ``ps_no_aggregation`` -> ps, ``allreduce`` ->
+allreduce, ``auto`` -> auto) at each node count; measured step seconds are
+``per_worker * nodes / samples_per_s`` (median). Beside them,
+``sim_paper_shape``: the simulator's hybrid/Horovod throughput ratios for
+``lm1b`` on ``parallax_8x6`` at 6/12/24/48 GPUs against the paper's
+(Parallax, EuroSys'19: 1.30, 3.22, 5.88, 7.03), true when they are within
+30 % at 12, 24 and 48 GPUs and the Horovod curve falls from 12 to 48 GPUs.
+
+Keys: ``methods`` (per method and node count: ``measured_step_s``,
+``sim_step_s``, ``relative_error``), ``sim_error_median``,
+``sim_error_max`` (absolute relative errors over all of them; the issue's
+goals: <= 0.15 and <= 0.3), ``sim_paper_shape`` (bool),
+``sim_paper_ratios``, ``paper_ratios``, ``sim_horovod_samples_per_s``,
+``paper_horovod_samples_per_s``, ``inputs`` (what was measured here).
+
+Usage: ``python benchmarks/sim_check.py [--results PATH] [--no-measure]``
+(``--no-measure``: CPU costs left out, links and compute only). One JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import socket
+import sys
+import threading
+import time
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, ROOT)
+sys.path.insert(0, HERE)
+import _common  # noqa: E402
+
+#: measured method -> the simulator's strategy
+STRATEGY_OF = {"hybrid": "hybrid", "auto": "auto", "allgather": "horovod",
+               "ps_no_aggregation": "ps", "allreduce": "allreduce"}
+#: Parallax (EuroSys'19), LM-1B on 8 machines x 6 TITAN Xp, words/s at 6/12/24/48 GPUs
+PAPER_WORDS_PER_S = {"hybrid": {6: 87.9e3, 12: 149.5e3, 24: 249.5e3, 48: 276.8e3},
+                     "horovod": {6: 67.7e3, 12: 46.5e3, 24: 42.4e3, 48: 39.4e3}}
+#: the paper-shape goal: ratios within this of the paper's at these GPU counts
+PAPER_TOLERANCE, PAPER_CHECKED_GPUS = 0.3, (12, 24, 48)
+
+
+def newest_results():
+    """The newest ``benchmarks/results/*-scaling.json`` (by name: dated)."""
+    found = sorted(glob.glob(os.path.join(HERE, "results", "*-scaling.json")))
+    return found[-1] if found else None
+
+
+def measured_steps(results) -> dict:
+    """``{method: {nodes: step seconds}}`` from the results (median samples/s)."""
+    out = {}
+    for key, entry in results.items():
+        if not key.startswith("nodes_") or not isinstance(entry, dict):
+            continue
+        nodes = int(key.split("_")[1])
+        for method, figures in entry.items():
+            if not isinstance(figures, dict) or "samples_per_s" not in figures:
+                continue
+            rate = figures["samples_per_s"]["median"]
+            if rate:
+                out.setdefault(method, {})[nodes] = results["per_worker"] * nodes / rate
+    return out
+
+
+def lm_model(results):
+    """The :class:`~hpcpax.models.lm.LanguageModel` of the run (no tables allocated)."""
+    from hpcpax.models.lm import LanguageModel
+
+    sizes = results["model"]
+    return LanguageModel(vocab_size=sizes["vocab-size"], context=sizes["context"],
+                         emb_dim=sizes["emb-dim"], hidden=(sizes["hidden"],),
+                         out_dim=sizes["out-dim"], num_sampled=sizes["num-sampled"])
+
+
+def measured_access(results, nodes: int) -> dict:
+    """``{table: (alpha, duplicate_ratio)}`` over the run's timed steps on ``nodes``
+    workers: the trainer's synthetic stream (``_cluster_lm_job.py``: shuffled, seed 0,
+    ``max(200,000, 32 x global batch)`` tokens, Zipf 1.1) read as it reads it."""
+    from hpcpax.data import open_dataset
+
+    sizes, model = results["model"], lm_model(results)
+    batch = results["per_worker"] * nodes
+    reader = open_dataset("synthetic", "lm", num_tokens=max(200_000, 8 * batch * 4),
+                          vocab_size=sizes["vocab-size"], context=sizes["context"],
+                          shuffle=True, seed=0)
+    first = sizes["plan-steps"] + sizes["warmup"] + 1
+    lookups, distinct = {}, {}
+    for step in range(first, sizes["steps"] + 1):
+        for worker in range(nodes):
+            ids = model.sparse_ids(reader.batch(step - 1, batch, worker, nodes), step)
+            for name, values in ids.items():
+                lookups[name] = lookups.get(name, 0) + np.asarray(values).size
+                distinct[name] = distinct.get(name, 0) + np.unique(np.asarray(values)).size
+    samples = (sizes["steps"] - first + 1) * nodes
+    rows = sizes["vocab-size"]
+    return {name: (distinct[name] / samples / rows, lookups[name] / distinct[name])
+            for name in lookups}
+
+
+def model_preset(results, nodes: int) -> dict:
+    """A model dict like the presets, for the run on ``nodes`` nodes."""
+    model = lm_model(results)
+    access = measured_access(results, nodes)
+    widths = {s.name: s.dim for s in model.sparse_specs()}
+    variables = [{"name": name, "kind": "sparse", "shape": [model.vocab_size, widths[name]],
+                  "alpha": alpha, "alpha_node": alpha, "duplicate_ratio": ratio}
+                 for name, (alpha, ratio) in access.items()]
+    variables += [{"name": name, "kind": "dense", "shape": list(shape)}
+                  for name, shape in model.dense_shapes().items()]
+    # the emulated forward/backward of a worker's samples (undilated: dilation 1)
+    from hpcpax.app.emulation import parse_emulate_compute
+
+    compute = parse_emulate_compute(results.get("emulate_compute"))
+    compute_ms = 1e3 * compute.seconds(results["per_worker"]) if compute else 0.0
+    return {"name": "scaling-lm", "samples_per_worker": results["per_worker"],
+            "compute_ms": compute_ms, "variables": variables}
+
+
+def tcp_round_trip_s(repeats: int = 300) -> float:
+    """Median seconds of a 64-byte TCP round trip over loopback (this kernel's stack)."""
+    server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+
+    def echo():
+        connection, _ = server.accept()
+        connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        with connection:
+            while True:
+                data = connection.recv(64)
+                if not data:
+                    return
+                connection.sendall(data)
+
+    thread = threading.Thread(target=echo, daemon=True)
+    thread.start()
+    client = socket.create_connection(server.getsockname())
+    client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    payload, times = b"x" * 64, []
+    with client:
+        for _ in range(repeats):
+            start = time.perf_counter()
+            client.sendall(payload)
+            got = 0
+            while got < len(payload):
+                got += len(client.recv(64))
+            times.append(time.perf_counter() - start)
+    thread.join(timeout=5)
+    server.close()
+    return float(np.median(times))
+
+
+def measure_inputs(dim: int) -> dict:
+    """This machine's CPU costs (real seconds): kernel rates, per-operation host path,
+    TCP round trip. Not collective."""
+    from hpcpax.plan.kernel_rates import measure_kernel_rates
+    from hpcpax.tune.calibrate import measure_software
+
+    return {"kernels": measure_kernel_rates(dim, "float32", sparse_optimizer="sgd",
+                                            dense_optimizer="sgd", cache=False),
+            "software": measure_software(repeats=15),
+            "tcp_round_trip_s": tcp_round_trip_s()}
+
+
+def _scaled(table: dict, factor: float) -> dict:
+    return {name: {k: float(v) * factor for k, v in entry.items()}
+            for name, entry in table.items()}
+
+
+def cluster_preset(results, nodes: int, inputs: dict | None) -> dict:
+    """A cluster dict for the run on ``nodes`` nodes (undilated units)."""
+    from hpcpax.cluster.spec import parse_delay, parse_rate
+
+    dilation = float(results.get("dilation", 1.0))
+    bandwidth = parse_rate(results["rate"]) / 8.0
+    latency = parse_delay(results.get("delay", "0"))
+    cost = {"partition_overhead_per": "exchange"}
+    if inputs:
+        latency += inputs["tcp_round_trip_s"] / 2 / dilation
+        # the ranks' simultaneous local work shares the host's cores (assumed fair share)
+        share = max(1.0, nodes / float(results.get("cores") or nodes))
+        cost.update(kernels=_scaled(inputs["kernels"], share / dilation),
+                    software=_scaled(inputs["software"], share / dilation),
+                    software_scope="process")
+    link = {"latency_s": latency, "bandwidth_Bps": bandwidth}
+    cluster = {"name": f"emulated {results['rate']} x {nodes}", "num_nodes": nodes,
+               "gpus_per_node": 1, "servers_per_node": 0, "intra": dict(link),
+               "inter": dict(link), "cost": cost}
+    if inputs and results.get("cores"):
+        from hpcpax.plan.sim import oversubscription_round_wait
+
+        cluster["round_wait_s"] = oversubscription_round_wait(nodes, int(results["cores"])) \
+            / dilation
+    return cluster
+
+
+def compare(results, inputs) -> dict:
+    """Per method and node count: measured and simulated step seconds, relative error."""
+    from hpcpax.plan.sim import simulate
+
+    measured = measured_steps(results)
+    out = {}
+    for nodes in sorted({n for steps in measured.values() for n in steps}):
+        predicted = simulate(model_preset(results, nodes), cluster_preset(results, nodes, inputs))
+        for method, steps in measured.items():
+            if nodes not in steps or method not in STRATEGY_OF:
+                continue
+            strategy = predicted["strategies"][STRATEGY_OF[method]]
+            sim_s = strategy["step_s"]
+            out.setdefault(method, {})[str(nodes)] = {
+                "measured_step_s": steps[nodes], "sim_step_s": sim_s,
+                "relative_error": (sim_s - steps[nodes]) / steps[nodes],
+                "sim_bottleneck": strategy["bottleneck"], "sim_variables": strategy["variables"]}
+    return out
+
+
+def paper_shape() -> dict:
+    """The simulator's hybrid/Horovod ratios for lm1b on parallax_8x6 against the paper's."""
+    from hpcpax.plan.sim import load_preset, simulate
+
+    model, cluster = load_preset("lm1b"), load_preset("parallax_8x6")
+    gpus_per_node = int(cluster["gpus_per_node"])
+    ratios, horovod = {}, {}
+    for gpus in PAPER_WORDS_PER_S["hybrid"]:
+        result = simulate(model, dict(cluster, num_nodes=gpus // gpus_per_node))
+        rates = {s: result["strategies"][s]["samples_per_s"] for s in ("hybrid", "horovod")}
+        ratios[gpus] = rates["hybrid"] / rates["horovod"]
+        horovod[gpus] = rates["horovod"]
+    tokens = float(model.get("tokens_per_sample", 1))
+    paper = {g: PAPER_WORDS_PER_S["hybrid"][g] / PAPER_WORDS_PER_S["horovod"][g] for g in ratios}
+    within = all(abs(ratios[g] / paper[g] - 1.0) <= PAPER_TOLERANCE for g in PAPER_CHECKED_GPUS)
+    checked = [horovod[g] for g in PAPER_CHECKED_GPUS]
+    falling = all(a > b for a, b in zip(checked, checked[1:]))
+    return {"sim_paper_shape": bool(within and falling),
+            "sim_paper_ratios": {str(g): r for g, r in ratios.items()},
+            "paper_ratios": {str(g): r for g, r in paper.items()},
+            "sim_paper_ratios_within_30pct": within, "sim_horovod_falling": falling,
+            "sim_horovod_samples_per_s": {str(g): v for g, v in horovod.items()},
+            "paper_horovod_samples_per_s": {str(g): w / tokens for g, w in
+                                            PAPER_WORDS_PER_S["horovod"].items()}}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--results", default=None,
+                        help="a benchmarks/scaling.py results file (default: the newest)")
+    parser.add_argument("--no-measure", action="store_true",
+                        help="leave this machine's CPU costs out (links and compute only)")
+    args = parser.parse_args(argv)
+    path = args.results or newest_results()
+    out = {"benchmark": "sim_check", "results": path}
+    if not path or not os.path.exists(path):
+        out["skipped"] = f"no scaling results file: {path}"
+        _common.emit(out)
+        return 0
+    results = json.load(open(path, encoding="utf-8"))
+    inputs = None if args.no_measure else measure_inputs(int(results["model"]["emb-dim"]))
+    methods = compare(results, inputs)
+    errors = [abs(e["relative_error"]) for per in methods.values() for e in per.values()]
+    out.update({
+        "rate": results.get("rate"), "dilation": results.get("dilation"),
+        "rounds": results.get("rounds"), "methods": methods,
+        "sim_error_median": float(np.median(errors)) if errors else None,
+        "sim_error_max": max(errors) if errors else None,
+        **paper_shape(),
+        "inputs": ({"measured_here": True, "tcp_round_trip_s": inputs["tcp_round_trip_s"],
+                    "cpu_share_assumption": "CPU costs x max(1, ranks / cores) / dilation; "
+                                            "each collective round waits "
+                                            "(ranks / cores - 1) x 2 ms / 2 / dilation",
+                    "kernels": inputs["kernels"], "software": inputs["software"]}
+                   if inputs else {"measured_here": False}),
+    })
+    _common.emit(out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

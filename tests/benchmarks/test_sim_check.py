@@ -1,0 +1,56 @@
+"""``benchmarks/sim_check.py`` on the committed scaling results: its figures are all there,
+and the simulator's shape of the Parallax paper's LM-1B chart (deterministic) holds.
+
+Runs with ``--no-measure`` (links and compute only: no timing on a shared machine).
+Agreement with the measured step times is the benchmark's report, not asserted here.
+"""
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+RESULTS = ROOT / "benchmarks" / "results" / "2026-12-05-scaling.json"
+METHODS = {"hybrid", "auto", "allgather", "ps_no_aggregation", "allreduce"}
+
+
+@pytest.fixture(scope="module")
+def report():
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "sim_check.py"),
+                           "--results", str(RESULTS), "--no-measure"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_every_method_and_node_count_is_compared(report):
+    assert set(report["methods"]) == METHODS
+    for method, per_nodes in report["methods"].items():
+        assert set(per_nodes) == {"2", "4", "8", "16"}, method
+        for entry in per_nodes.values():
+            assert entry["measured_step_s"] > 0 and entry["sim_step_s"] > 0
+            assert math.isclose(entry["relative_error"],
+                                entry["sim_step_s"] / entry["measured_step_s"] - 1, rel_tol=1e-3,
+                                abs_tol=1e-5)
+    errors = [abs(e["relative_error"]) for per in report["methods"].values() for e in per.values()]
+    assert math.isclose(report["sim_error_max"], max(errors), rel_tol=1e-4)
+    assert 0 <= report["sim_error_median"] <= report["sim_error_max"]
+    assert report["inputs"] == {"measured_here": False}
+
+
+def test_paper_shape_figures(report):
+    paper, sim = report["paper_ratios"], report["sim_paper_ratios"]
+    assert set(paper) == set(sim) == {"6", "12", "24", "48"}
+    assert math.isclose(paper["48"], 276.8 / 39.4, rel_tol=1e-4)
+    # hybrid's lead over Horovod grows with the GPUs, as in the paper
+    assert sim["6"] < sim["12"] < sim["24"] < sim["48"]
+    assert abs(sim["48"] / paper["48"] - 1) <= 0.3
+    falling = report["sim_horovod_samples_per_s"]
+    assert report["sim_horovod_falling"] == (falling["12"] > falling["24"] > falling["48"])
+    within = all(abs(sim[g] / paper[g] - 1) <= 0.3 for g in ("12", "24", "48"))
+    assert report["sim_paper_ratios_within_30pct"] == within
+    assert report["sim_paper_shape"] == (within and report["sim_horovod_falling"])
