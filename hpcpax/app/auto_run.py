@@ -335,11 +335,15 @@ class _BSPSegment:
 
     def after(self, step, runner) -> int:
         """The user's hooks (no planner: ``auto`` runs a fixed plan)."""
-        t = self.auto.trainer
-        if not t.loop.stopped:
-            for hook in t.hooks:
-                hook(t, step)
+        if not self.auto.trainer.loop.stopped:
+            self.user_hooks(step)
         return step
+
+    def user_hooks(self, step) -> None:
+        """The user's hooks after ``step``."""
+        t = self.auto.trainer
+        for hook in t.hooks:
+            hook(t, step)
 
     def end(self, last) -> int:
         """Gather the segment's figures and decide; **collective** over the workers."""
@@ -401,15 +405,20 @@ class _RelaxedSegment:
 
     def after(self, clock, runner) -> int:
         """Measure the step, send the segment's figures at its end, the user's hooks."""
-        auto, t = self.auto, self.auto.trainer
+        auto = self.auto
         record = self.steps.records[-1]
         auto.note(clock, record["time"], record["batch"], record["seconds"], record["loss"])
         if clock == auto.boundary:
             auto.channel.send_figures(clock, auto._segment_figures(clock))
             auto.waiting = clock
-        for hook in t.hooks:
-            hook(t, clock)
+        self.user_hooks(clock)
         return clock
+
+    def user_hooks(self, step) -> None:
+        """The user's hooks after ``step``."""
+        t = self.auto.trainer
+        for hook in t.hooks:
+            hook(t, step)
 
     def end(self, clock) -> int:
         """The phase ends: the pending decision, then the barrier; the last step."""

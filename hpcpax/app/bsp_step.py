@@ -64,9 +64,14 @@ class BSPSteps:
         t = self.trainer
         if t.loop.stopped:
             return step
+        self.user_hooks(step)
+        return t.engine.planning.after_step(step, runner)
+
+    def user_hooks(self, step) -> None:
+        """The user's hooks after ``step`` (also after a step the planner asked for)."""
+        t = self.trainer
         for hook in t.hooks:
             hook(t, step)
-        return t.engine.planning.after_step(step, runner)
 
     def end(self, last) -> int:
         """The segment is over after ``last`` (local); ``last``."""

@@ -23,6 +23,10 @@ The loop, per segment::
         s = strategy.after(s, runner)           # user hooks, the planner
     last = strategy.end(s)                      # collective (barrier, decision)
 
+A step the planner asks of the runner is guarded, hooked and recorded the
+same way, then the user's hooks see it (``strategy.user_hooks(s)``): only
+the planner is not asked again.
+
 Step hooks (:mod:`hpcpax.app.step_hooks`: the trace, balanced batch
 shares, ``auto``'s measurements) see every step's :class:`StepFigures`;
 the stragglers' delays are part of a step's compute
@@ -67,8 +71,9 @@ class StepFigures:
 class StepRunner:
     """What the planner is given to ask the loop for steps (BSP segments only).
 
-    :meth:`run` trains one step exactly as the loop does (guard, hooks,
-    metrics, checkpoint); :attr:`stopped` says the run is stopping.
+    :meth:`run` trains one step exactly as the loop does (guard, step hooks,
+    metrics, checkpoint, then the user's hooks; not the planner again);
+    :attr:`stopped` says the run is stopping.
     """
 
     def __init__(self, loop, strategy):
@@ -81,7 +86,8 @@ class StepRunner:
 
     def run(self, step) -> None:
         """Train ``step``; **collective** over the workers."""
-        self._loop.run_step(self._strategy, step)
+        if self._loop.run_step(self._strategy, step):
+            self._strategy.user_hooks(step)
 
 
 class TrainingLoop:

@@ -326,10 +326,14 @@ class RelaxedSchedule:
 
     def after(self, step, runner) -> int:
         """The user's hooks (not collective here: each worker at its own step)."""
+        self.user_hooks(step)
+        return step
+
+    def user_hooks(self, step) -> None:
+        """The user's hooks after ``step``."""
         t = self.trainer
         for hook in t.hooks:
             hook(t, step)
-        return step
 
     def end(self, clock) -> int:
         """The phase's barrier (every rank): metrics, evaluation, checkpoint; ``clock``."""

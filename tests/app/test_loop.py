@@ -55,6 +55,9 @@ class Strategy:
             return step + self.extra
         return step
 
+    def user_hooks(self, step):
+        self.log.append(("user", self.name, step))
+
     def end(self, last):
         self.log.append(("end", self.name, last))
         return last
@@ -119,11 +122,13 @@ def test_the_planner_asks_the_runner_for_steps_and_the_loop_runs_them():
     log = []
     loop = make([(Strategy("bsp", log, ask_at=2, extra=2), 10)], 6, log)
     assert loop.run(1) == 6
-    # steps 3 and 4 run inside step 2's after(), each guarded, hooked and recorded
+    # steps 3 and 4 run inside step 2's after(), each guarded, hooked and recorded, and
+    # the user's hooks see them (the planner is not asked again)
     inner = log[log.index(("after", "bsp", 2)) + 1:log.index(("after", "bsp", 5))]
     assert inner == [("guard", "bsp 3"), ("step", "bsp", 3), ("hook", "bsp", 3),
-                     ("record", "bsp", 3), ("guard", "bsp 4"), ("step", "bsp", 4),
-                     ("hook", "bsp", 4), ("record", "bsp", 4), ("guard", "bsp 5"),
+                     ("record", "bsp", 3), ("user", "bsp", 3),
+                     ("guard", "bsp 4"), ("step", "bsp", 4), ("hook", "bsp", 4),
+                     ("record", "bsp", 4), ("user", "bsp", 4), ("guard", "bsp 5"),
                      ("step", "bsp", 5), ("hook", "bsp", 5), ("record", "bsp", 5)]
     assert [e[2] for e in log if e[0] == "step"] == [1, 2, 3, 4, 5, 6]
 
