@@ -47,6 +47,14 @@ Dense Adam runs at lr 0.001 (``--lr``): at the trainer's default 0.003 the
 3-step-stale dense updates of ``ssp:3`` made this model's loss climb after
 ~150 steps (see docs/measurements.md, "Consistency: the relaxed models").
 
+``--emulate COMPUTE`` (``--dilation D``) runs every mode with emulated
+accelerators (``--emulate-compute``: the forward and backward a wait that
+holds no CPU, the stalls and the straggler stretching it), so that 4-8
+workers on 2 cores measure the consistency models, not a queue for the
+cores: ``cpu_busy_max`` (the workers' CPU seconds over cores x wall, the
+busiest step) says whether they did. The loss is not computed there, so the
+loss gaps are measured without ``--emulate``.
+
 Run: ``mpirun -n 4 python -m mpi4py benchmarks/stragglers.py`` (1 server + 3
 workers; ``--quick`` for a tiny check). One JSON line.
 """
@@ -121,7 +129,9 @@ def one_run(comm, base, consistency, extra, steps, seed, workdir):
         servers = summary.get("servers") or []
         # this run's batch (persistent_heavy sets its own)
         samples = summary.get("samples") or steps * trainer.config["global_batch"]
+        busy = cpu_busy(run_dir)
         result = {"samples_per_s": summary["mean_samples_per_s"],
+                  "cpu_busy_max": busy,
                   # every mode alike: samples over the training seconds, mode changes included
                   "samples_per_s_train": samples / summary["train_seconds"],
                   # each decision: measured at step, in force from step, mode, why
@@ -152,6 +162,18 @@ def compute_share(run_dir):
     return phases.get("compute", 0.0) / total if total else None
 
 
+def cpu_busy(run_dir):
+    """The machine's busiest step: all workers' CPU seconds over cores x the step's wall
+    seconds (the server's CPU is not in the metrics lines: ``server_cpu_fraction``)."""
+    cores, busiest = os.cpu_count() or 1, 0.0
+    with open(os.path.join(run_dir, "metrics.jsonl"), encoding="utf-8") as handle:
+        for line in handle:
+            record = json.loads(line)
+            if record.get("cpu_busy"):
+                busiest = max(busiest, sum(record["cpu_busy"]) / cores)
+    return busiest
+
+
 def spread(values):
     values = [v for v in values if v is not None]
     if not values:
@@ -172,6 +194,13 @@ def main():
     parser.add_argument("--heavy-steps", type=int, default=HEAVY_STEPS,
                         help="steps of the persistent_heavy runs (at most --steps)")
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--emulate", default=None, metavar="COMPUTE",
+                        help="emulated accelerators: --emulate-compute COMPUTE for every run "
+                        "(stalls and the straggler slow the modeled wait); loss figures are "
+                        "then not measured (the loss is not computed)")
+    parser.add_argument("--dilation", type=float, default=1.0,
+                        help="with --emulate: --time-dilation (the modeled compute x D, "
+                        "times reported / D)")
     parser.add_argument("--only", default=None, help="comma-separated scenarios to run "
                         "(none, transient, persistent, persistent_heavy; default all)")
     parser.add_argument("--modes", default=None, help="comma-separated modes to run in each "
@@ -181,6 +210,8 @@ def main():
     if args.quick:
         base, args.steps, args.rounds = dict(QUICK), 12, 1
     base["lr"] = args.lr
+    if args.emulate:
+        base.update(emulate_compute=args.emulate, time_dilation=args.dilation)
     if not args.quick:
         base["global_batch"] = args.global_batch
         if args.hidden:
@@ -204,7 +235,8 @@ def main():
                      f"(servers_per_node=1), {cores} cores"
                      + (" (oversubscribed)" if size > cores else ""),
            "model": base, "steps": args.steps, "rounds": args.rounds, "stalls": STALLS,
-           "straggler": f"rank {size - 1} x2", "staleness_bound": STALENESS}
+           "straggler": f"rank {size - 1} x2", "staleness_bound": STALENESS,
+           "emulated": bool(args.emulate)}
     if "persistent_heavy" in cases:  # its model: the base with these settings
         out.update(heavy=heavy, heavy_steps=heavy_steps)
     runs = {name: {c: [] for c in pair} for name, (_, pair) in cases.items()}
@@ -225,7 +257,8 @@ def main():
         pairs = (list(zip(runs[name][reference], runs[name][relaxed]))
                  if reference in modes and relaxed in modes else [])
         ratio[name] = [b["samples_per_s"] / a["samples_per_s"] for a, b in pairs]
-        ratio[name + "_loss"] = [abs(b["loss"] - a["loss"]) / a["loss"] for a, b in pairs]
+        ratio[name + "_loss"] = [abs(b["loss"] - a["loss"]) / a["loss"] for a, b in pairs
+                                 if a["loss"]]  # emulated runs compute no loss
         out[name] = {c: {"samples_per_s": spread([x["samples_per_s"] for x in results]),
                          "compute_share": spread([x["compute_share"] for x in results]),
                          "samples_per_s_train": spread([x["samples_per_s_train"]
@@ -235,6 +268,7 @@ def main():
                          "auto_decision_wait_s": [x["auto_decision_wait_s"] for x in results]
                          if c == "auto" else None,
                          "loss": spread([x["loss"] for x in results]),
+                         "cpu_busy_max": max(x["cpu_busy_max"] for x in results),
                          "worker_steps": results[-1]["worker_steps"],
                          "max_staleness": max((x["max_staleness"] or 0) for x in results),
                          "dense_k": [x["dense_k"] for x in results],
@@ -292,7 +326,7 @@ def runtime_figures(runs, cases) -> dict:
         figures["ratio_dense_period_auto_vs_every_step"] = spread(
             [b["samples_per_s_train"] / a["samples_per_s_train"] for a, b in pairs])
         figures["loss_gap_dense_period_auto"] = spread(
-            [abs(b["loss"] - a["loss"]) / a["loss"] for a, b in pairs])
+            [abs(b["loss"] - a["loss"]) / a["loss"] for a, b in pairs if a["loss"]])
     worst, gaps = None, []
     for name, (_, modes) in cases.items():
         if "auto" not in modes or len(modes) < 2:
@@ -303,7 +337,7 @@ def runtime_figures(runs, cases) -> dict:
                      for r, x in enumerate(runs[name]["auto"])]
         figures[f"ratio_auto_vs_best_fixed_{name}"] = spread(per_round)
         worst = per_round if worst is None else [min(a, b) for a, b in zip(worst, per_round)]
-        if "bsp" in modes:
+        if "bsp" in modes and all(b["loss"] for b in runs[name]["bsp"]):
             gaps.append([abs(a["loss"] - b["loss"]) / b["loss"]
                          for a, b in zip(runs[name]["auto"], runs[name]["bsp"])])
     if worst is not None:
@@ -315,6 +349,9 @@ def runtime_figures(runs, cases) -> dict:
 
 def report(comm, out) -> None:
     """Goals and the load; rank 0 prints the JSON line."""
+    busy = [mode["cpu_busy_max"] for scenario in out.values() if isinstance(scenario, dict)
+            for mode in scenario.values() if isinstance(mode, dict) and "cpu_busy_max" in mode]
+    out["cpu_busy_max"] = max(busy) if busy else None
     out["goals"] = {k: f"{op} {v}" for k, (op, v) in GOALS.items()}
     out["goals_met"] = {k: (out[k] >= v if op == ">=" else out[k] <= v)
                         for k, (op, v) in GOALS.items() if out.get(k) is not None}
