@@ -25,7 +25,6 @@ checkpoint after step ``s`` resumes at ``s + 1`` (data readers are stateless).
 from __future__ import annotations
 
 import dataclasses
-
 import os
 import time
 
