@@ -315,14 +315,17 @@ def calibrate(topology, fabric_seconds: float = 1.0, dim: int = 64,
     def capped(default, share):
         return default if budget_s is None else min(default, share * budget_s)
 
-    fabric = measure_fabric(topology, budget_s=capped(fabric_seconds, 0.2)).to_dict()
+    budgets = {"fabric_s": capped(fabric_seconds, 0.2),
+               "allreduce_s": capped(ALLREDUCE_BUDGET_S, 0.2) if one_host else 0.0,
+               "operations_s": capped(OPERATIONS_BUDGET_S, 0.5)}
+    fabric = measure_fabric(topology, budget_s=budgets["fabric_s"]).to_dict()
     fabric.update(duplex=not one_host, shared_nic=not one_host)
     # on one host the model's Allreduce figures are measured (the alpha-beta links do
     # not price shared memory's copies); across hosts the fabric's links price it, and
     # nothing is sent for a figure the model would not use
     for key, fresh in (("allreduce", False), ("allreduce_fresh", True)) if one_host else ():
         measured = (measure_allreduce(topology.workers, fresh=fresh,
-                                      budget_s=capped(ALLREDUCE_BUDGET_S, 0.2))
+                                      budget_s=budgets["allreduce_s"])
                     if topology.is_worker else None)
         idle_barrier(comm)  # the servers wait for the workers' timing without spinning
         measured = comm.bcast(measured, root=topology.worker_ranks[0])
@@ -335,11 +338,8 @@ def calibrate(topology, fabric_seconds: float = 1.0, dim: int = 64,
     kernels = {name: {key: float(np.median([r[name][key] for r in everyone]))
                       for key in ("call_s", "unit_s")} for name in mine}
     comm.Barrier()
-    software = measure_operations(topology, budget_s=capped(OPERATIONS_BUDGET_S, 0.5))
+    software = measure_operations(topology, budget_s=budgets["operations_s"])
     per_partition = software.pop("per_partition")["call_s"]
-    budgets = {"fabric_s": capped(fabric_seconds, 0.2),
-               "allreduce_s": capped(ALLREDUCE_BUDGET_S, 0.2) if one_host else 0.0,
-               "operations_s": capped(OPERATIONS_BUDGET_S, 0.5)}
     return {"fabric": fabric, "kernels": kernels, "handoff": handoff, "software": software,
             "software_scope": "job", "partition_overhead_s": per_partition,
             "partition_overhead_per": "exchange",
