@@ -17,11 +17,15 @@ The rules (constants below), first match wins. From ``bsp``/``balanced``:
 1. *lockstep*: the workers spend >= ``WAIT_TRIAL`` of a step outside their
    own work (in the collectives: transfers and waiting for each other)
    beyond what a slower worker explains (``persistent_imbalance``, what
-   balancing could save) -> a *trial* of ``ssp:S``, whose message-driven
+   balancing could save), counted as a share of the step balancing would
+   leave (:func:`lockstep_share`: a straggler's share of the waits does
+   not hide the lockstep that stays once it is balanced, so one segment
+   can decide both) -> a *trial* of ``ssp:S``, whose message-driven
    steps do not wait in lockstep; ``S`` is ``TRIAL_STALENESS``, or the
    stall lengths' (rule 3) when transient stalls are seen too; the trial
    keeps the batch shares in force (those of rule 2 when it proposes new
-   ones; for a trial one segment shows persistence when the slow worker was
+   ones, and a failed trial returns to ``balanced`` with them; for a trial
+   one segment shows persistence when the slow worker was
    the slowest in >= ``CONSISTENTLY_SLOWEST`` of its >= ``CONSISTENT_STEPS``
    measured steps); whether it pays is measured, not predicted (rule 5);
 2. *persistent slowness*: the slowest worker's typical (median) seconds
@@ -87,7 +91,7 @@ import numpy as np
 from .loss_guard import GUARD_RATE, GUARD_RISE, expected_fall, guard, loss_figures
 from .shares import SHARE_TRUST, balanced_shares, even_shares, relative_gain, step_work, trusted
 
-__all__ = ["analyze", "loss_figures", "expected_fall", "guard", "AutoPolicy", "PERSISTENT_RATIO",
+__all__ = ["analyze", "lockstep_share", "loss_figures", "expected_fall", "guard", "AutoPolicy", "PERSISTENT_RATIO",
            "PERSISTENT_EXIT",
            "STALL_FACTOR", "MIN_STALL_FRACTION", "MIN_GAIN", "MAX_STALENESS",
            "GUARD_RISE", "GUARD_RATE", "COOLDOWN", "WAIT_TRIAL",
@@ -120,8 +124,9 @@ def analyze(work, batch, seconds) -> dict:
         dict: ``per_sample`` (each worker's median work seconds per sample),
         ``persistent_ratio`` (slowest / fastest of those), ``stall_fraction``
         (of worker-steps), ``stall_steps`` (each stall's extra seconds in
-        steps of the median step, consecutive stalled steps of a worker as
-        one), ``imbalance`` (mean over steps of slowest minus mean work,
+        relaxed steps: the median own work per step, the step of a mode in
+        which workers do not wait for each other, shorter than a BSP step;
+        consecutive stalled steps of a worker as one), ``imbalance`` (mean over steps of slowest minus mean work,
         over the step: what waiting for the slowest costs),
         ``persistent_imbalance`` (the part the typical speeds explain),
         ``transient_imbalance`` (the rest), ``wait_fraction`` (mean share
@@ -140,6 +145,9 @@ def analyze(work, batch, seconds) -> dict:
     per_sample = np.median(per_sample_steps, axis=0)
     fastest = max(float(per_sample.min()), 1e-12)
     step = float(np.median(seconds))
+    # a stall's length in relaxed steps: those run at about a worker's own work (no
+    # lockstep wait), shorter than the BSP step the trace may come from
+    relaxed_step = max(float(np.median(work)), 1e-12)
     typical = per_sample[None, :] * batch
     extra = work - typical
     stalled = (work > STALL_FACTOR * typical) & (extra > 0)
@@ -162,7 +170,7 @@ def analyze(work, batch, seconds) -> dict:
         "per_sample": [float(x) for x in per_sample],
         "persistent_ratio": float(per_sample.max()) / fastest,
         "stall_fraction": float(stalled.mean()),
-        "stall_steps": sorted(float(x) / max(step, 1e-12) for x in lengths),
+        "stall_steps": sorted(float(x) / relaxed_step for x in lengths),
         "imbalance": imbalance, "persistent_imbalance": persistent,
         "transient_imbalance": max(0.0, imbalance - persistent),
         "wait_fraction": float(waits.mean()), "step_seconds": step,
@@ -170,6 +178,14 @@ def analyze(work, batch, seconds) -> dict:
                                           == int(np.argmax(per_sample)))),
         "steps": int(work.shape[0]),
     }
+
+
+def lockstep_share(figures) -> float:
+    """The share of a step the workers wait beyond what a slower worker explains, of
+    the step balanced shares would leave: ``(wait_fraction - persistent_imbalance) /
+    (1 - persistent_imbalance)`` (rule 1; :func:`analyze`'s figures)."""
+    explained = min(figures["persistent_imbalance"], 0.99)
+    return (figures["wait_fraction"] - explained) / (1.0 - explained)
 
 
 class AutoPolicy:
@@ -327,15 +343,17 @@ class AutoPolicy:
                 and figures["transient_imbalance"] >= MIN_GAIN)
 
     def _lockstep(self, figures) -> bool:
-        """Rule 1: the waits outside own work that balancing cannot remove."""
-        return (figures["wait_fraction"] - figures["persistent_imbalance"] >= WAIT_TRIAL
-                and not self._cooling())
+        """Rule 1: the waits outside own work that balancing cannot remove, as a share
+        of the step balancing would leave (the step less ``persistent_imbalance``)."""
+        return lockstep_share(figures) >= WAIT_TRIAL and not self._cooling()
 
     def _from_bsp(self, figures):
         if self._lockstep(figures):
-            self.trial = [self.mode, list(self.shares)]
             balanced = self._persistent(figures, at_once=True)  # tracks the slowest worker too
             shares = balanced[0] if balanced is not None else list(self.shares)
+            # a failed trial returns to BSP with the shares it ran with (balanced ones
+            # when it proposed them: they were measured to pay)
+            self.trial = [self.mode if balanced is None else "balanced", list(shares)]
             staleness = TRIAL_STALENESS
             if self._stalls(figures):
                 staleness = max(staleness, self._staleness(figures))

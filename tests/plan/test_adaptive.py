@@ -6,7 +6,7 @@ import pytest
 from hpcpax.plan.adaptive import (CONSISTENT_STEPS, CONSISTENTLY_SLOWEST, COOLDOWN,
                                   MAX_STALENESS, PERSISTENT_EXIT, PERSISTENT_RATIO,
                                   SHARE_TRUST, TRIAL_STALENESS, WAIT_TRIAL,
-                                  AutoPolicy, analyze,
+                                  AutoPolicy, analyze, lockstep_share,
                                   expected_fall, guard, loss_figures, trusted)
 
 WORKERS, BATCH = 3, 12
@@ -62,10 +62,12 @@ def test_transient_stalls_choose_ssp_with_stall_length():
     assert expected >= 2  # a stall lasts several steps of the median step
     assert "transient stalls" in decision["reason"] and decision["from"] == "bsp"
     assert decision["measurements"]["stalls"] == len(lengths)
-    # short stalls: a smaller staleness
+    # short stalls: a smaller staleness; lengths in relaxed steps (a worker's own work:
+    # 1.2 x 4 ms of extra work over 4 ms is 1.2 steps, where the BSP step is 6 ms)
     short = [(s, s % 3, 2.2, 1) for s in range(0, 40, 4)]
+    assert np.median(analyze(*trace(stalls=short))["stall_steps"]) == pytest.approx(1.2, rel=0.1)
     policy = AutoPolicy(WORKERS, BATCH, segment=40)
-    assert decide(policy, 40, trace(stalls=short))["to"] == "ssp:1"
+    assert decide(policy, 40, trace(stalls=short))["to"] == "ssp:2" and expected > 2
 
 
 def test_persistent_straggler_chooses_balanced_bsp():
@@ -396,3 +398,22 @@ def test_shares_settle_despite_noisy_step_times(seed):
     ideal = [48, 48, 24]  # fixed + s x t equal for all: s = 48, 48, 24
     assert policy.mode == "balanced" and len(changes) <= 2, changes
     assert all(abs(a - b) <= 3 for a, b in zip(policy.shares, ideal)), policy.shares
+
+
+def test_lockstep_left_after_balancing_trials_at_once_and_falls_back_balanced():
+    """A worker 2x slower explains part of the waits; the rest, as a share of the step
+    balancing would leave, is lockstep: the first segment starts a trial with balanced
+    shares (the straggler's waits no longer hide it), and a trial that does not pay
+    returns to balanced BSP with those shares, not to even ones."""
+    slow = dict(per_sample=(1e-3, 1e-3, 2e-3), comm=6e-3)
+    figures = analyze(*trace(**slow))
+    assert figures["wait_fraction"] - figures["persistent_imbalance"] < WAIT_TRIAL
+    assert lockstep_share(figures) >= WAIT_TRIAL
+    policy = AutoPolicy(WORKERS, BATCH, segment=40)
+    trial = decide(policy, 40, trace(**slow))
+    assert trial["to"] == f"ssp:{TRIAL_STALENESS}+balanced" and policy.shares == [5, 5, 2]
+    back = decide(policy, 80, trace(shares=(5, 5, 2), seed=1), rate=0.9 * policy.bsp_rate)
+    assert back["to"] == "balanced" and policy.shares == [5, 5, 2]
+    # waits a slow worker explains almost wholly stay a matter of shares (rule 2)
+    heavy = analyze(*trace(per_sample=(1e-3, 1e-3, 6e-3), comm=1e-3))
+    assert lockstep_share(heavy) < WAIT_TRIAL
