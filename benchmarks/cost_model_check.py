@@ -42,7 +42,8 @@ analytic model is used). Nothing is fitted to the measured step times
 except that correction.
 
 Usage: ``python benchmarks/cost_model_check.py [--quick] [--rounds 3]
-[--layouts 2-2-0 4-2-1] [--save-jobs DIR] [--cluster 2gbit]`` (it starts its
+[--layouts 2-2-0 4-2-1] [--methods ps allgather] [--save-jobs DIR] [--cluster 2gbit]``
+(``--methods``: a subset of the methods, default all; it starts its
 own ``mpirun`` jobs; ``--save-jobs`` keeps each layout's per-phase
 predictions and calibrations). On a 2-core machine layouts with more
 than 2 ranks oversubscribe the cores; the constants are measured under that
@@ -55,6 +56,33 @@ namespace, inter-node traffic over TCP across the shaped links. The
 calibration then measures that link as the inter-node class. Without
 ``--layouts`` only the layouts of 2+ nodes run. Without root or ``ip
 netns`` the line says ``skipped``.
+
+``--emulate COMPUTE`` (with ``--cluster``; ``--dilation D``, default 1)
+runs every trainer run with emulated accelerators (the trainer's
+``emulate_compute`` and ``time_dilation``, :mod:`hpcpax.app.emulation`): a
+worker's forward and backward is a wait of the modeled duration x ``D`` that
+holds no CPU, and the links are shaped to ``RATE / D``
+(:func:`hpcpax.cluster.spec.dilate`), so that 4-16 nodes on a few cores
+measure the links and the mechanisms, not a queue for the cores. The
+calibration measures the dilated links and the real kernels, so its
+predictions are in wall-clock (dilated) seconds, while the trainer's
+metrics are undilated (divided by ``D``): the measured step and phase
+seconds (the trial run's phases too) are multiplied by ``D`` back into wall
+seconds before they are compared, so the times the line reports are wall
+seconds of the dilated cluster (divide by ``dilation`` for undilated ones;
+relative errors and rankings are the same in either unit). The line then
+carries ``emulate_compute``, ``dilation``, ``cpu_busy_max`` (the machine's
+busiest timed step over every run: all ranks' CPU seconds over cores x the
+step's wall seconds; a server's, which the metrics lines do not carry,
+its CPU seconds over its run's wall seconds), per layout in
+``cpu_busy_max_by_layout``, and ``valid`` (``cpu_busy_max`` at most
+``--cpu-busy-limit``, 0.6: the cores did not set the step times). Layouts
+for it: one rank per node, no servers, e.g. ``--layouts 4-1-0 8-1-0
+16-1-0`` (every rank a worker hosting partitions; ``ps-no-aggregation``,
+the same as ``ps`` at one worker per node, is left out; the densified
+``allreduce``'s step is seconds on 8-16 dilated nodes, ``--methods ps
+ps-16-partitions allgather`` leaves it out). ``--prefix`` / ``--subnet``
+name the cluster (default ``hpk``, 10.213.249.0/24).
 """
 
 from __future__ import annotations
@@ -124,25 +152,46 @@ def _trial_phases(comm, config, steps, warmup, workdir):
     _, leader, rows = _train(comm, {**config, "plan": TRIAL_PLAN}, steps, warmup, workdir)
     phases = None
     if rows is not None:
-        phases = tuple(float(np.median([r["time"][p] for r in rows]))
+        dilation = _dilation(config)  # metrics are undilated; the model's units are wall's
+        phases = tuple(float(np.median([r["time"][p] for r in rows])) * dilation
                        for p in ("data", "compute", "optimizer"))
     return comm.bcast(phases, root=leader)
 
 
+def _dilation(config):
+    """The run's time dilation ``D`` (1 without ``--emulate``)."""
+    return float(config.get("time_dilation", 1.0))
+
+
+def _cpu_busy(trainer, summary, rows):
+    """The machine's busiest timed step: all ranks' CPU seconds over cores x its wall seconds.
+
+    The metrics lines carry the workers' (per step, real wall seconds); a
+    server's is its CPU seconds over its run's wall seconds (``summary.json``).
+    """
+    cores = os.cpu_count() or 1
+    per_rank = summary.get("cpu_busy") or []
+    servers = sum(per_rank[rank] or 0.0 for rank in trainer.topology.server_ranks
+                  if rank < len(per_rank))
+    return max((sum(r.get("cpu_busy") or [0.0]) + servers) / cores for r in rows)
+
+
 def _train(comm, settings, steps, warmup, workdir, plan=None):
     """``(trainer, leader, timed metrics lines)``: one run of ``steps`` (**collective**);
-    the lines after ``warmup``, on the first worker (``leader``) only, else None."""
+    the lines after ``warmup``, on the first worker (``leader``) only, else None (with
+    ``trainer.cpu_busy_max``, :func:`_cpu_busy`, set there)."""
     from hpcpax.app.trainer import Trainer
 
     run_dir = comm.bcast(tempfile.mkdtemp(dir=workdir) if comm.Get_rank() == 0 else None)
     trainer = Trainer({**settings, "steps": steps, "run_dir": run_dir, "quiet": True},
                       comm=comm, plan=plan)
-    trainer.run()
+    summary = trainer.run()
     leader = trainer.topology.worker_ranks[0]
     rows = None
     if comm.Get_rank() == leader:
         rows = [json.loads(line) for line in open(os.path.join(run_dir, "metrics.jsonl"))]
         rows = [r for r in rows if "loss" in r and r["step"] > warmup]
+        trainer.cpu_busy_max = _cpu_busy(trainer, summary or {}, rows)
     return trainer, leader, rows
 
 
@@ -218,8 +267,11 @@ def _one_run(comm, config, method, steps, warmup, workdir, calibration, compute,
                             mismatches += 1
         params = cost_params(calibration)
         links = Links.from_fabric(calibration["fabric"])
+        # emulated accelerators' compute is a wait that holds no core
+        on_host = not config.get("emulate_compute")
         predictions = [predict_step(layout, links, params, r, dense_bytes, compute_s=compute[1],
-                                    data_s=compute[0], optimizer_s=compute[2])
+                                    data_s=compute[0], optimizer_s=compute[2],
+                                    compute_on_host=on_host)
                        for r in routings[:3]]
         best = min(predictions, key=lambda p: abs(p.seconds - np.median(
             [q.seconds for q in predictions])))
@@ -227,7 +279,8 @@ def _one_run(comm, config, method, steps, warmup, workdir, calibration, compute,
         # kernel rates timed on one rank, the fabric's links alone
         plain = [predict_step(layout, Links.from_fabric(Fabric.from_dict(calibration["fabric"])),
                               CostParams.measured(), r, dense_bytes, compute_s=compute[1],
-                              data_s=compute[0], optimizer_s=compute[2]).seconds
+                              data_s=compute[0], optimizer_s=compute[2],
+                              compute_on_host=on_host).seconds
                  for r in routings[:3]]
         specs = {n: v.spec for n, v in trainer.engine.sync.variables.items()}
         strategy = {n: {"method": trainer.engine.sync[n].method,
@@ -243,10 +296,12 @@ def _one_run(comm, config, method, steps, warmup, workdir, calibration, compute,
                      for n, s in specs.items()]
         variables += [{"name": n, "kind": "dense", "shape": list(p.shape), "dtype": str(p.dtype)}
                       for n, p in trainer.dense.items()]
+        dilation = _dilation(config)  # metrics are undilated; the predictions are wall's
         result = {
-            "measured_s": float(np.median([r["seconds"] for r in rows])),
-            "measured_phases": {p: float(np.median([r["time"][p] for r in rows]))
+            "measured_s": float(np.median([r["seconds"] for r in rows])) * dilation,
+            "measured_phases": {p: float(np.median([r["time"][p] for r in rows])) * dilation
                                 for p in rows[0]["time"]},
+            "cpu_busy_max": trainer.cpu_busy_max,
             "predicted": best.to_dict(), "byte_mismatches": mismatches,
             "predicted_kernel_rates_s": float(np.median(plain)),
             "byte_checks": len(rows) * 3 if check_bytes else 0,
@@ -257,6 +312,9 @@ def _one_run(comm, config, method, steps, warmup, workdir, calibration, compute,
                        "fabric": calibration["fabric"], "strategy": strategy,
                        "global_batch": config["global_batch"]},
         }
+        if config.get("emulate_compute"):  # its times in wall seconds of the dilated cluster
+            result["record"].update(emulated_compute=config["emulate_compute"],
+                                    time_dilation=dilation)
     return comm.bcast(result, root=leader)
 
 
@@ -279,6 +337,8 @@ def job_main(args):
                 # each (round, model) measures its constants just before its runs, under
                 # the same load (the machine is shared: the load drifts within a round)
                 base = {**config, "ranks_per_node": ranks_per_node, "servers_per_node": servers}
+                if args.emulate:
+                    base.update(emulate_compute=args.emulate, time_dilation=args.dilation)
                 topo = hpcpax.init(ranks_per_node, servers)
                 calibration = calibrate(topo, fabric_seconds=1.0)
                 several_per_node = topo.num_workers > topo.num_nodes
@@ -286,8 +346,8 @@ def job_main(args):
                 compute = _trial_phases(comm, base, args.steps, args.warmup, workdir)
                 calibrations.append({**calibration, "compute": compute, "config": name,
                                      "round": round_index})
-                methods = [(k, v) for k, v in METHODS.items()
-                           if several_per_node or k != "ps-no-aggregation"]
+                methods = [(k, v) for k, v in METHODS.items() if k in args.methods
+                           and (several_per_node or k != "ps-no-aggregation")]
                 shift = round_index % len(methods)  # rotate the order from round to round
                 for method_name, method in methods[shift:] + methods[:shift]:
                     outcome = _one_run(comm, base, method, args.steps, args.warmup, workdir,
@@ -414,6 +474,9 @@ def main():
     parser.add_argument("--servers-per-node", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     parser.add_argument("--configs", nargs="*", default=list(CONFIGS))
+    parser.add_argument("--methods", nargs="*", default=list(METHODS),
+                        help=f"subset of {', '.join(METHODS)} (default all; the densified "
+                             "allreduce's step is seconds on 8+ dilated nodes)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--warmup", type=int, default=4)
@@ -426,10 +489,41 @@ def main():
     parser.add_argument("--cluster", default=None, metavar="RATE",
                         help="run on an emulated cluster with links shaped to RATE (2gbit); "
                              "root")
+    parser.add_argument("--emulate", default=None, metavar="COMPUTE",
+                        help="with --cluster: emulated accelerators, the trainer's "
+                             "emulate_compute (0.05: seconds per step; 0.001/sample)")
+    parser.add_argument("--dilation", type=float, default=1.0,
+                        help="with --emulate: time dilation D (links RATE / D, modeled "
+                             "compute x D; the line's times are wall seconds)")
+    parser.add_argument("--cpu-busy-limit", type=float, default=0.6,
+                        help="with --emulate: the largest cpu_busy_max of a valid run")
+    parser.add_argument("--prefix", default=CLUSTER_PREFIX,
+                        help="with --cluster: the cluster's name prefix")
+    parser.add_argument("--subnet", default=CLUSTER_SUBNET,
+                        help="with --cluster: the cluster's subnet")
     args = parser.parse_args()
     if args.job:
         return job_main(args)
     from _common import emit
+
+    unknown = sorted(set(args.methods) - set(METHODS))
+    if unknown or len(args.methods) < 2:
+        parser.error(f"--methods must name 2 or more of {list(METHODS)}, not {args.methods}")
+    link_rate = args.cluster
+    if args.emulate:
+        from hpcpax.app.emulation import parse_emulate_compute
+        from hpcpax.cluster.spec import dilate
+        from hpcpax.errors import ConfigError
+
+        if not args.cluster:
+            parser.error("--emulate needs --cluster RATE (the emulated cluster's links)")
+        try:
+            parse_emulate_compute(args.emulate, args.dilation)
+            link_rate, _ = dilate(args.cluster, "0", args.dilation)
+        except ConfigError as exc:
+            parser.error(f"--emulate {args.emulate} --dilation {args.dilation:g}: {exc}")
+    elif args.dilation != 1.0:
+        parser.error("--dilation needs --emulate (it slows the emulated compute with the links)")
 
     layouts = QUICK_LAYOUTS if args.quick else LAYOUTS
     if args.cluster and not args.layouts:
@@ -454,18 +548,21 @@ def main():
                   "skipped": f"no emulated cluster here: {reason}"})
             return 0
         nodes = max(ranks // per_node for ranks, per_node, _ in layouts)
-        cluster.down(CLUSTER_PREFIX, log=lambda text: None)
+        cluster.down(args.prefix, log=lambda text: None)
         try:
-            spec = cluster.up(nodes, rate=args.cluster, prefix=CLUSTER_PREFIX,
-                              subnet=CLUSTER_SUBNET, check_links=nodes >= 2)
+            spec = cluster.up(nodes, rate=link_rate, prefix=args.prefix,
+                              subnet=args.subnet, check_links=nodes >= 2)
             check = spec.extra.get("link_check") or {}
             fabric = {"kind": f"emulated cluster: network namespaces, links shaped to "
-                              f"{args.cluster} per direction, TCP between nodes",
+                              f"{link_rate} per direction, TCP between nodes",
                       "link_check": {k: check.get(k) for k in ("gbit_per_s", "latency_us",
                                                                "used", "reason")}}
+            if args.emulate:
+                fabric["kind"] += (f" ({args.cluster} dilated {args.dilation:g}x; emulated "
+                                   f"accelerators, {args.emulate} s x {args.dilation:g})")
             jobs, failures = _run_layouts(args, layouts, spec)
         finally:
-            cluster.down(CLUSTER_PREFIX, log=lambda text: None)
+            cluster.down(args.prefix, log=lambda text: None)
     return _report(args, jobs, failures, fabric, emit)
 
 
@@ -485,7 +582,10 @@ def _run_layouts(args, layouts, spec):
             job = [sys.executable, "-m", "mpi4py", os.path.abspath(__file__), "--job",
                    "--ranks-per-node", str(per_node), "--servers-per-node", str(servers),
                    "--out", out, "--rounds", str(args.rounds), "--steps", str(args.steps),
-                   "--warmup", str(args.warmup), "--configs", *args.configs]
+                   "--warmup", str(args.warmup), "--configs", *args.configs,
+                   "--methods", *args.methods]
+            if args.emulate:
+                job += ["--emulate", args.emulate, "--dilation", repr(args.dilation)]
             if spec is None:
                 command = ["mpirun", "-n", str(ranks), *job]
             else:
@@ -528,7 +628,7 @@ def _report(args, jobs, failures, fabric, emit):
     plain = _agreement(entries, "predicted_kernel_rates_s")
     analytic, learned, validation = _transfer(entries)
     checks = sum(e["byte_checks"] for e in entries)
-    emit({
+    line = {
         "benchmark": "cost_model_check", "fabric": fabric,
         "layouts": [list(j["layout"]) for j in jobs], "failures": failures,
         "configs": args.configs, "rounds": args.rounds, "steps": args.steps,
@@ -555,7 +655,20 @@ def _report(args, jobs, failures, fabric, emit):
                    "predicted_kernel_rates_ms": e["predicted_kernel_rates_s"] * 1e3,
                    "spread": e["spread"], "bottleneck": e["bottleneck"]} for e in entries],
         "machine": f"{os.cpu_count()} cores, shared with other jobs",
-    })
+    }
+    if args.methods != list(METHODS):
+        line["methods"] = args.methods
+    if args.emulate:
+        by_layout = {"-".join(map(str, job["layout"])): max(
+            (run["cpu_busy_max"] for run in job["runs"]), default=None) for job in jobs}
+        known = [v for v in by_layout.values() if v is not None]
+        busiest = max(known) if known else None
+        line.update({"emulate_compute": args.emulate, "dilation": args.dilation,
+                     "time_unit": "wall seconds of the dilated cluster (undilated: / dilation)",
+                     "cpu_busy_max": busiest, "cpu_busy_max_by_layout": by_layout,
+                     "cpu_busy_limit": args.cpu_busy_limit,
+                     "valid": busiest is not None and busiest <= args.cpu_busy_limit})
+    emit(line)
     return 0
 
 

@@ -296,8 +296,8 @@ def _received_rows(r):
 
 def predict_step(layout: Layout, links, params, routings: dict, dense_bytes=(),
                  compute_s: float = 0.0, data_s: float = 0.0, ps_batch: int | None = None,
-                 include_control: bool = True, optimizer_s: float | None = None
-                 ) -> StepPrediction:
+                 include_control: bool = True, optimizer_s: float | None = None,
+                 compute_on_host: bool = True) -> StepPrediction:
     """Predicted :class:`StepPrediction` of one training step.
 
     Args:
@@ -316,6 +316,11 @@ def predict_step(layout: Layout, links, params, routings: dict, dense_bytes=(),
             the same under every strategy); None: the ``dense_optimizer``
             kernel rate per tensor, its fixed cost per call included (the
             optimizer runs once per tensor, outside any measured operation).
+        compute_on_host: the forward and backward hold a host core (real compute
+            on this host's CPUs: the next collective waits ``after_work`` times
+            it for the workers' turns); False where they hold none (an
+            accelerator's, or ``--emulate-compute``'s wait): ``compute_s`` is
+            charged to ``accelerator``, with no turns and no hand-off.
     """
     links = coll.Links.from_fabric(links)
     on_ps = [r for r in routings.values() if r.sync_method.on_servers]
@@ -350,7 +355,7 @@ def predict_step(layout: Layout, links, params, routings: dict, dense_bytes=(),
                 for r in replicas) for w in workers))
     # (charged in step order: the first collective after local work waits for the
     # workers' turns at it, see StepPrediction.turns)
-    pred.charge("compute", "compute", compute_s)
+    pred.charge("compute", "compute" if compute_on_host else "accelerator", compute_s)
     # push: every gradient deduplicated on its worker first
     if routings:
         pred.charge("push", "client kernels", max(

@@ -97,7 +97,8 @@ def _predict(record):
     prediction = predict_step(layout, Links.from_fabric(record["fabric"]), CostParams.measured(),
                               routings, dense, compute_s=phases.get("compute", 0.0),
                               data_s=phases.get("data", 0.0),
-                              optimizer_s=phases.get("optimizer"))
+                              optimizer_s=phases.get("optimizer"),
+                              compute_on_host=not record.get("emulated_compute"))
     return prediction.to_dict()
 
 

@@ -66,6 +66,26 @@ def test_handoff_per_work_lands_on_the_servers_apply():
     assert scaled.seconds - flat.seconds == pytest.approx(0.5 * flat.resources["server CPU"])
 
 
+def test_compute_off_host_takes_no_turns():
+    """An accelerator's (or ``--emulate-compute``'s) forward and backward hold no host
+    core: charged to ``accelerator``, the push waits for no turns at it, only at the
+    gradients' dedup; the step differs from the on-host one by exactly those turns."""
+    layout = Layout.from_shape(1, 2, 1)
+    unit = {"call_s": 0.0, "unit_s": 1e-6}
+    kernels = {k: dict(unit) for k in ("unique", "dedup", "gather", "apply", "dense_optimizer")}
+    params = CostParams(kernels=kernels, software=SOFTWARE, software_scope="job",
+                        handoff={"handoff_s": 0.0, "handoff_per_work": 0.0,
+                                 "after_work": {"serving": 2.0, "idle": 0.5}})
+    ps = {"t": _ps_routing(layout)}
+    on, off = (predict_step(layout, FAST, params, ps, dense_bytes=[400], compute_s=0.004,
+                            data_s=0.001, compute_on_host=host) for host in (True, False))
+    assert off.phases["compute"] == on.phases["compute"] == pytest.approx(0.004)
+    assert off.resources["accelerator"] == pytest.approx(0.004)
+    assert on.resources["compute"] - off.resources["compute"] == pytest.approx(0.004)
+    assert on.phases["push"] - off.phases["push"] == pytest.approx(2.0 * 0.004)
+    assert on.seconds - off.seconds == pytest.approx(2.0 * 0.004)
+
+
 def test_after_work_waits_for_the_workers_turns():
     """The first collective after the workers' own work waits ``after_work`` times the
     work since the previous collective: the pull for data and the ids' dedup, the push
