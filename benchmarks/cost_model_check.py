@@ -26,7 +26,7 @@ compares:
   whose measured rounds do not overlap (an order the measurement settles),
   the fraction the model orders the same way (a tied prediction counts a
   half), with their number (``resolved_pairs``) and the pairs the
-  measurement leaves open (``unresolved_pairs``);
+  measurement leaves open (``unresolved_pairs``; which ones: ``ties``);
 * ``kernel_rates_only``: the same three figures for the constants ``--plan
   auto`` has with ``--no-plan-calibrate`` (kernel rates timed on one rank,
   the fabric's links alone, no per-operation costs), predicted for the same
@@ -380,15 +380,19 @@ def _spearman(a, b):
     return float(np.corrcoef(ra, rb)[0, 1])
 
 
-def _resolved_pairs(members):
+def _resolved_pairs(members, ties=None):
     """``(ordered, settled, open)``: over pairs whose measured rounds do not overlap,
-    how many the prediction orders the same way (a predicted tie counts 0.5)."""
+    how many the prediction orders the same way (a predicted tie counts 0.5); the
+    pairs left open appended to ``ties`` (layout, model, the two methods)."""
     ordered, settled, unsettled = 0.0, 0, 0
     for i, a in enumerate(members):
         for b in members[i + 1:]:
             (a_low, a_high), (b_low, b_high) = a["measured_range"], b["measured_range"]
             if a_high >= b_low and b_high >= a_low:
                 unsettled += 1
+                if ties is not None:
+                    ties.append("-".join(map(str, a["layout"])) + f" {a['config']}: "
+                                f"{a['method']} ~ {b['method']}")
                 continue
             settled += 1
             faster = a_high < b_low  # a measured faster than b in every round
@@ -622,9 +626,9 @@ def _report(args, jobs, failures, fabric, emit):
     for entry in entries:
         log.append(entry["record"], source="cost_model_check")
     errors, spearman, within = _agreement(entries, "predicted_s")
-    pairs = np.zeros(3)
+    pairs, ties = np.zeros(3), []
     for members in _groups(entries):
-        pairs += _resolved_pairs(members)
+        pairs += _resolved_pairs(members, ties)
     plain = _agreement(entries, "predicted_kernel_rates_s")
     analytic, learned, validation = _transfer(entries)
     checks = sum(e["byte_checks"] for e in entries)
@@ -646,6 +650,7 @@ def _report(args, jobs, failures, fabric, emit):
             "choice_within_10pct": float(np.mean(plain[2])) if plain[2] else None},
         "resolved_pairs_ordered": float(pairs[0] / pairs[1]) if pairs[1] else None,
         "resolved_pairs": int(pairs[1]), "unresolved_pairs": int(pairs[2]),
+        "ties": ties,
         "transfer_error_analytic": analytic, "transfer_error_learned": learned,
         "transfer_cross_validation": validation,
         "measured_spread_median": float(np.median([e["spread"] for e in entries])) if entries
