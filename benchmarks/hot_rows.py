@@ -20,16 +20,36 @@ interleaved (today, trees, today, trees, ... for both id distributions),
 
     HPCPAX_RANKS_PER_NODE=2 mpirun -n 6 python benchmarks/hot_rows.py
     python benchmarks/hot_rows.py --quick      # smoke, any rank count
+    python benchmarks/hot_rows_scaling.py      # 4-16 emulated nodes, dilated links
 
 Virtual nodes share one host: the bytes are the real figures of the
-exchange, the times are not those of a network (no shaped links here).
+exchange, the times are not those of a network (no shaped links here). On
+an emulated cluster whose links were slowed ``--dilation`` times (``python
+-m hpcpax.cluster up --dilation D``) the step times are reported divided by
+it (undilated).
+
+The timed steps' barriers and maxima wait by the one wait policy
+(:func:`hpcpax.comm.polling.wait`), so a worker done first does not spin on
+a core another is still working on. ``cpu_busy_max``: the machine's CPU
+busy fraction in the busiest timed pass (a mode's ``--repeats`` timed
+steps: every rank's ``time.process_time()`` in them over cores x their wall
+seconds; a server samples its clock every 10 ms, a worker at its step's
+start and end); above about 0.6 the step times measure a queue for the
+cores, not the links. ``cpu_busy`` per pass, ``cpu_busy_step_max`` the
+busiest single step. On a host with more ranks than cores, scale the wait
+policy's longest sleep with the dilation (``HPCPAX_POLL_SECONDS``, 1 ms x
+D): a rank's idle polls then cost what they would on undilated links.
+
 Keys: ``ratio_owner_egress_before_vs_after`` (pull, Zipf),
 ``ratio_owner_ingress_before_vs_after`` (push, Zipf), the same on the hot
 set alone (``*_hot_set``: each worker's Zipf ids that every node draws
 in that step, or at least ``--hot-set-nodes``, a third pair of byte
 passes),
+``hot_share_owner_bytes`` (the hot set's owner egress + ingress over the
+full Zipf pass's, today),
 ``ratio_step_time_before_vs_after`` (Zipf) and ``ratio_uniform`` (uniform
-ids, today / trees on), ``uniform_trees_chosen`` (any relay byte).
+ids, today / trees on), ``uniform_trees_chosen`` (any relay byte),
+``dilation``, ``cpu_busy_max``, ``cpu_busy``, ``cpu_busy_step_max``.
 """
 
 from __future__ import annotations
@@ -37,6 +57,8 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import threading
+import time
 
 import numpy as np
 from mpi4py import MPI
@@ -46,6 +68,7 @@ import _common
 
 import hpcpax
 from hpcpax import ParameterServer, SparseVariableSpec
+from hpcpax.comm import polling
 from hpcpax.comm.fabric import measure_fabric
 from hpcpax.plan.hot_rows_cost import decide
 from hpcpax.ps.sparse_grad import SparseGrad
@@ -131,8 +154,13 @@ def main():
                              "the option's)")
     parser.add_argument("--links", default="virtual nodes on one shared host (no shaped links)",
                         help="what the nodes and links are, for the report")
+    parser.add_argument("--dilation", type=float, default=1.0,
+                        help="the links were slowed this many times (python -m hpcpax.cluster "
+                             "up --dilation D): step times are reported divided by it")
     parser.add_argument("--quick", action="store_true")
     args = parser.parse_args()
+    if not args.dilation >= 1:
+        parser.error(f"--dilation must be a number >= 1, not {args.dilation}")
     if args.quick:
         args.rows, args.dim, args.ids, args.steps, args.repeats = 5000, 16, 512, 2, 3
         args.rule, args.hot_set_nodes = "2", 2
@@ -156,7 +184,8 @@ def main():
               "methods": {"today": "ps, local aggregation, hot rows off",
                           "trees": f"ps, local aggregation, hot rows: {entry['reason']}, "
                                    f"pieces of {chunk} B (point-to-point)"},
-              "chunk_bytes": chunk, "links": args.links}
+              "chunk_bytes": chunk, "links": args.links, "dilation": args.dilation,
+              "wait": hpcpax.options.wait, "poll_seconds": hpcpax.options.poll_seconds}
     bytes_ = {f"{kind}_{mode}": byte_pass(topo, args, cdf, kind,
                                           entry if mode == "trees" else off)
               for kind in ("zipf", "zipf_hot", "uniform") for mode in ("today", "trees")}
@@ -169,8 +198,15 @@ def main():
         bytes_["zipf_hot_today"]["owner_egress"], bytes_["zipf_hot_trees"]["owner_egress"])
     result["ratio_owner_ingress_hot_set"] = _common.ratio(
         bytes_["zipf_hot_today"]["owner_ingress"], bytes_["zipf_hot_trees"]["owner_ingress"])
+    result["hot_share_owner_bytes"] = _common.ratio(
+        bytes_["zipf_hot_today"]["owner_egress"] + bytes_["zipf_hot_today"]["owner_ingress"],
+        bytes_["zipf_today"]["owner_egress"] + bytes_["zipf_today"]["owner_ingress"])
     result["uniform_trees_chosen"] = bytes_["uniform_trees"]["relay"] > 0
-    result["seconds"] = timing(topo, args, cdf, entry, off)
+    result["seconds"], busy, cores = timing(topo, args, cdf, entry, off)
+    result["cores"] = cores
+    result["cpu_busy"] = {k: v["pass"] for k, v in busy.items()}
+    result["cpu_busy_max"] = max(result["cpu_busy"].values())
+    result["cpu_busy_step_max"] = max(v["step_max"] for v in busy.values())
     s = result["seconds"]
     result["ratio_step_time_before_vs_after"] = _common.ratio(s["zipf_today"]["median"],
                                                               s["zipf_trees"]["median"])
@@ -183,7 +219,7 @@ def main():
 
 
 def timing(topo, args, cdf, entry, off):
-    """Median and spread of step seconds, modes interleaved; on every rank.
+    """Median and spread of undilated step seconds, modes interleaved; on every rank.
 
     Each timed step (a pull and a push of one mode's table) follows an
     untimed step of the same mode: an owner applies a push after the workers
@@ -191,6 +227,11 @@ def timing(topo, args, cdf, entry, off):
     training. Without the step before, each mode was charged the previous
     mode's apply (today after uniform, trees after today): a bias of up to
     20 % between two identical modes.
+
+    Returns:
+        ``(seconds, cpu_busy, cores)``: per mode its seconds and the machine's CPU
+        busy fraction over its timed steps (``pass``) and in the busiest one
+        (``step_max``; :func:`cpu_seconds`).
     """
     kinds = ("zipf", "zipf_hot", "uniform")
     names = [f"{kind}_{mode}" for kind in kinds for mode in ("today", "trees")]
@@ -199,9 +240,10 @@ def timing(topo, args, cdf, entry, off):
              for name in names]  # one table per mode: a pull without trees pauses its table's
     ps = ParameterServer(topo, seed=1, hot_rows=0)  # classification
     ps.set_hot_rows({name: entry if name.endswith("trees") else off for name in names})
-    times = None
+    times, samples, windows = None, [], []
     if topo.is_server:
-        ps.serve()
+        with CpuSampler(samples):
+            ps.serve()
     else:
         ps.register(specs)
         step = {}
@@ -216,14 +258,114 @@ def timing(topo, args, cdf, entry, off):
                 step[(kind, name)] = n + 1
             return call
 
+        def timed(call):
+            def record():
+                start = clock(samples)
+                call()
+                windows.append((start, clock(samples)))
+            return record
+
         methods = {f"{kind}_{name}": mode(kind, name)
                    for kind in kinds for name in ("today", "trees")}
-        times = _common.interleaved(topo.workers, methods, args.repeats, warmup=1,
-                                    before=lambda name: methods[name]())
+        times = _common.interleaved(SleepingComm(topo.workers),
+                                    {k: timed(call) for k, call in methods.items()},
+                                    args.repeats, warmup=1, before=lambda name: methods[name]())
         ps.shutdown()
+        windows = windows[len(methods):]  # the warm-up round is not timed
     times = topo.comm.bcast(times, root=topo.worker_ranks[0])
-    return {k: {"median": _common.median(v), "min": float(min(v)), "max": float(max(v))}
-            for k, v in times.items()}
+    cpu, wall, cores = cpu_seconds(topo, samples, windows)
+    busy = {name: {"pass": cpu[i::len(names)].sum() / (cores * wall[i::len(names)].sum()),
+                   "step_max": (cpu[i::len(names)] / (cores * wall[i::len(names)])).max()}
+            for i, name in enumerate(names)}
+    seconds = {k: [t / args.dilation for t in v] for k, v in times.items()}
+    return ({k: {"median": _common.median(v), "min": float(min(v)), "max": float(max(v))}
+             for k, v in seconds.items()}, busy, cores)
+
+
+class SleepingComm:
+    """``comm`` for :func:`_common.interleaved`: its barrier and maximum wait by the one
+    wait policy (a worker done with a timed step first must not spin on a core that
+    another worker still needs for that step)."""
+
+    def __init__(self, comm):
+        self.comm = comm
+
+    def Barrier(self):
+        polling.wait([self.comm.Ibarrier()])
+
+    def allreduce(self, value, op):
+        send = np.array([value], np.float64)
+        receive = np.empty_like(send)
+        polling.wait([self.comm.Iallreduce(send, receive, op=op)])
+        return float(receive[0])
+
+
+def clock(samples):
+    """Append ``(wall, CPU seconds)`` of this process to ``samples``; return the wall."""
+    wall = time.perf_counter()
+    samples.append((wall, time.process_time()))
+    return wall
+
+
+class CpuSampler:
+    """Records :func:`clock` into ``samples`` every ``period_s`` from a thread, while the
+    ``with`` block runs (a server, whose steps are the workers' calls)."""
+
+    def __init__(self, samples, period_s=0.01):
+        self.samples, self.period_s = samples, period_s
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self):
+        while not self._done.wait(self.period_s):
+            clock(self.samples)
+
+    def __enter__(self):
+        clock(self.samples)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._done.set()
+        self._thread.join()
+        clock(self.samples)
+
+
+def cpu_seconds(topo, samples, windows):
+    """Every rank's CPU seconds in each timed step. **Collective** over ``topo.comm``.
+
+    A step runs from its first worker's start to its last worker's end
+    (``windows``: a worker's ``(start, end)`` per timed step, on the
+    machine-wide monotonic clock); every rank's CPU seconds in it are
+    interpolated from its ``samples``. Cores: those the ranks may run on,
+    counted once per machine (its boot id: emulated nodes share one kernel).
+
+    Returns:
+        ``(cpu, wall, cores)``: CPU seconds summed over the ranks and wall seconds,
+        one per timed step in the workers' order, and the cores.
+    """
+    everyone = [w for w in topo.comm.allgather(windows if topo.is_worker else None) if w]
+    steps = np.asarray(everyone, np.float64)  # workers x steps x (start, end)
+    start, end = steps[:, :, 0].min(axis=0), steps[:, :, 1].max(axis=0)
+    wall, cpu = np.asarray(sorted(samples), np.float64).T
+    mine = np.interp(end, wall, cpu) - np.interp(start, wall, cpu)
+    total = topo.comm.allreduce(mine, op=MPI.SUM)
+    machines = {}
+    affinity = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
+        else list(range(os.cpu_count() or 1))
+    for boot, cores in topo.comm.allgather((boot_id(), affinity)):
+        machines.setdefault(boot, set()).update(cores)
+    cores = sum(len(c) for c in machines.values())
+    return total, end - start, cores
+
+
+def boot_id() -> str:
+    """This machine's boot id (one per running kernel), or "" where unknown."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as handle:
+            return handle.read().strip()
+    except OSError:
+        return ""
 
 
 if __name__ == "__main__":
