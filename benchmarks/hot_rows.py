@@ -70,6 +70,7 @@ import hpcpax
 from hpcpax import ParameterServer, SparseVariableSpec
 from hpcpax.comm import polling
 from hpcpax.comm.fabric import measure_fabric
+from hpcpax.comm.topology import affinity, kernel_id
 from hpcpax.plan.hot_rows_cost import decide
 from hpcpax.ps.sparse_grad import SparseGrad
 
@@ -351,21 +352,10 @@ def cpu_seconds(topo, samples, windows):
     mine = np.interp(end, wall, cpu) - np.interp(start, wall, cpu)
     total = topo.comm.allreduce(mine, op=MPI.SUM)
     machines = {}
-    affinity = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
-        else list(range(os.cpu_count() or 1))
-    for boot, cores in topo.comm.allgather((boot_id(), affinity)):
+    for boot, cores in topo.comm.allgather((kernel_id(), affinity())):
         machines.setdefault(boot, set()).update(cores)
     cores = sum(len(c) for c in machines.values())
     return total, end - start, cores
-
-
-def boot_id() -> str:
-    """This machine's boot id (one per running kernel), or "" where unknown."""
-    try:
-        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as handle:
-            return handle.read().strip()
-    except OSError:
-        return ""
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ from ..errors import ConfigError, TopologyError
 from ..options import counted, options
 from .threads import limit_threads
 
-__all__ = ["Topology", "init", "world_comm"]
+__all__ = ["Topology", "init", "world_comm", "kernel_id", "affinity"]
 
 SERVER = "server"
 WORKER = "worker"
@@ -151,7 +151,7 @@ def _node_ids(comm, ranks_per_node):
     leader_world = shared.bcast(comm.Get_rank(), root=0)
     shared.Free()
     virtual = local // ranks_per_node if ranks_per_node else 0
-    everyone = comm.allgather((leader_world, virtual, _kernel_id(), _affinity()))
+    everyone = comm.allgather((leader_world, virtual, kernel_id(), affinity()))
     keys = [(leader, v) for leader, v, _, _ in everyone]
     order = {k: i for i, k in enumerate(sorted(set(keys)))}
     # the cores are the kernel's: ranks of "nodes" that share one (network namespaces
@@ -162,7 +162,7 @@ def _node_ids(comm, ranks_per_node):
             len(here) > len(set().union(*here)))
 
 
-def _kernel_id() -> str:
+def kernel_id() -> str:
     """This machine's boot id (Linux; one per running kernel), or "" where unknown."""
     try:
         with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
@@ -171,7 +171,7 @@ def _kernel_id() -> str:
         return ""
 
 
-def _affinity() -> list:
+def affinity() -> list:
     """The cores this process may run on."""
     if hasattr(os, "sched_getaffinity"):
         return sorted(os.sched_getaffinity(0))

@@ -17,6 +17,9 @@ from pathlib import Path
 
 import pytest
 
+sys.path.insert(0, str(Path(__file__).parent))  # cluster_env, under any import mode
+from cluster_env import cluster_benchmark_env  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "benchmarks" / "cost_model_check.py"
 
@@ -30,13 +33,7 @@ def _env(tmp_path):
 @pytest.mark.cluster
 @pytest.mark.timeout(300)
 def test_cost_model_check_runs_on_emulated_accelerators_in_wall_seconds(tmp_path):
-    if os.environ.get("PMI_RANK") or os.environ.get("PMI_SIZE"):
-        pytest.skip("starts its own mpirun; runs in the serial suite only")
-    from hpcpax.cluster import preflight
-
-    reason = preflight()
-    if reason:
-        pytest.skip(f"emulated cluster unavailable: {reason}")
+    cluster_benchmark_env()
     done = subprocess.run([sys.executable, str(SCRIPT), "--quick", "--cluster", "1gbit",
                            "--emulate", "0.02", "--dilation", "2", "--layouts", "2-1-0",
                            "--configs", "lm-sparse", "--timeout", "200",

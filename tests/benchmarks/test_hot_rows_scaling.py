@@ -9,12 +9,14 @@ owners (the quick run's fixed rule puts groups of 2 nodes on trees).
 
 import json
 import math
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))  # cluster_env, under any import mode
+from cluster_env import cluster_benchmark_env  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.cluster
@@ -34,14 +36,7 @@ def positive(value) -> bool:
 
 @pytest.mark.timeout(300)
 def test_hot_rows_scaling_quick_reports_every_figure():
-    if os.environ.get("PMI_RANK") or os.environ.get("PMI_SIZE"):
-        pytest.skip("starts its own mpirun; runs in the serial suite only")
-    from hpcpax.cluster import preflight
-
-    reason = preflight()
-    if reason:
-        pytest.skip(f"emulated cluster unavailable: {reason}")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "HYDRA_", "MPI"))}
+    env = cluster_benchmark_env()
     # a prefix of its own: the benchmark tears down its prefix's cluster before it starts,
     # and one running the full measurement must not lose it (the shared subnet makes the
     # second one refuse to start instead)
