@@ -27,7 +27,11 @@ figure is ``ratio_balanced_bsp_vs_bsp_persistent_default_size``) and
 the best fixed mode of that round; each scenario also under its own key)
 compare samples over training seconds (mode changes included) of every
 mode alike; ``loss_gap_auto`` is the worst scenario's relative loss gap of
-``auto`` against ``bsp``. In ``none``, ``ssp:3+dense-auto`` (``ssp:3`` with
+``auto`` against ``bsp`` (``loss_gap_by_mode``: every mode's, per scenario;
+``asp`` applies each worker's push as its own optimizer update, so its loss
+is not BSP's even without staleness). ``bound_wait_share`` is the seconds
+the relaxed pulls waited at the staleness bound over the workers' training
+seconds. In ``none``, ``ssp:3+dense-auto`` (``ssp:3`` with
 ``--dense-period auto``) runs too: ``ratio_dense_period_auto_vs_every_step``
 and ``loss_gap_dense_period_auto`` compare it with ``ssp:3`` (replicas
 refreshed every step), with each worker's final ``k`` and the number of
@@ -125,7 +129,9 @@ def one_run(comm, base, consistency, extra, steps, seed, workdir):
     if comm.Get_rank() == leader:
         losses = trainer.losses
         tail = losses[-max(1, len(losses) // 5):]
-        stale = (summary.get("staleness") or {}).get(consistency, {})
+        config = trainer.config
+        stale = bound_waits(summary, config["consistency"], config["time_dilation"],
+                            trainer.topology.num_workers)
         servers = summary.get("servers") or []
         # this run's batch (persistent_heavy sets its own)
         samples = summary.get("samples") or steps * trainer.config["global_batch"]
@@ -143,11 +149,27 @@ def one_run(comm, base, consistency, extra, steps, seed, workdir):
                   "dense_k": (summary.get("dense_period") or {}).get("final_k"),
                   "dense_k_changes": len((summary.get("dense_period") or {}).get("changes", [])),
                   "max_staleness": stale.get("max_gap"),
+                  "bound_wait_share": stale.get("bound_wait_share"),
                   "staleness_violations": stale.get("violations"),
                   "server_cpu_fraction": (sum(s["cpu_seconds"] for s in servers)
                                           / max(1e-9, sum(s["phase_seconds"] for s in servers))
                                           if servers else None)}
     return comm.bcast(result, root=leader)
+
+
+def bound_waits(summary, consistency, dilation, workers) -> dict:
+    """The run's staleness figures: ``max_gap`` and ``violations`` (``auto``: over its
+    ``ssp:S`` phases), and ``bound_wait_share``, the seconds the relaxed pulls waited
+    at the staleness bound over the workers' training seconds (undilated)."""
+    records = summary.get("staleness") or {}
+    logs = [records[consistency]] if consistency in records else (
+        list(records.values()) if consistency == "auto" else [])
+    if not logs:
+        return {}
+    waited = sum(log["wait_seconds"] for log in logs) / dilation
+    return {"max_gap": max(log["max_gap"] for log in logs),
+            "violations": sum(log["violations"] for log in logs),
+            "bound_wait_share": waited / max(1e-12, workers * summary["train_seconds"])}
 
 
 def compute_share(run_dir):
@@ -271,6 +293,7 @@ def main():
                          "cpu_busy_max": max(x["cpu_busy_max"] for x in results),
                          "worker_steps": results[-1]["worker_steps"],
                          "max_staleness": max((x["max_staleness"] or 0) for x in results),
+                         "bound_wait_share": spread([x["bound_wait_share"] for x in results]),
                          "dense_k": [x["dense_k"] for x in results],
                          "dense_k_changes": [x["dense_k_changes"] for x in results],
                          "server_cpu_fraction": spread([x["server_cpu_fraction"]
@@ -284,6 +307,8 @@ def main():
         "loss_gap_ssp_no_straggler": spread(ratio.get("none_loss", [])),
     }
     figures.update(runtime_figures(runs, cases))
+    if "loss_gap_by_mode" in figures:  # {scenario: {mode: spread}}
+        out["loss_gap_by_mode"] = figures.pop("loss_gap_by_mode")
     for key, value in figures.items():
         out[key] = value["median"]
         out[key + "_spread"] = [value["min"], value["max"]]
@@ -340,6 +365,16 @@ def runtime_figures(runs, cases) -> dict:
         if "bsp" in modes and all(b["loss"] for b in runs[name]["bsp"]):
             gaps.append([abs(a["loss"] - b["loss"]) / b["loss"]
                          for a, b in zip(runs[name]["auto"], runs[name]["bsp"])])
+    # every mode's relative loss gap to bsp (real compute only): the speed of a fixed
+    # mode beside what it does to the loss (asp applies each worker's push as its own
+    # optimizer update, ssp one sum per clock as bsp does)
+    by_mode = {name: {m: spread([abs(a["loss"] - b["loss"]) / b["loss"]
+                                 for a, b in zip(results, runs[name]["bsp"])])
+                      for m, results in runs[name].items() if m != "bsp"}
+               for name in runs if runs[name].get("bsp")
+               and all(b["loss"] for b in runs[name]["bsp"])}
+    if by_mode:
+        figures["loss_gap_by_mode"] = by_mode
     if worst is not None:
         figures["ratio_auto_vs_best_fixed"] = spread(worst)
     if gaps:

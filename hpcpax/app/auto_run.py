@@ -33,7 +33,9 @@ A change is printed once, written to ``metrics.jsonl`` (``{"step",
 servers' requests of both, and the costs of the switches: ``auto
 decision`` after a BSP segment, ``ssp:S phase start``/``end``) and in
 ``summary.json`` (``auto``; the seconds each worker waited for a decision
-in ``auto_decision_wait_s``), and the
+in ``auto_decision_wait_s``; the relaxed phases' ``staleness`` records per
+``ssp:S``, with the pulls that waited at the bound, and the servers'
+counters in ``servers``, as a fixed ``ssp`` run has them), and the
 policy's state is kept in checkpoints (one written at a BSP segment's last
 step holds the state before that segment's decision, which a resumed run
 makes again after its first segment; one written at a relaxed phase's end
@@ -160,9 +162,14 @@ class AutoSchedule:
         t = self.trainer
         waits = t.topology.workers.gather(self.channel.wait_seconds, root=0)
         self.channel.close()
+        # the relaxed phases' staleness records (per ssp:S: pulls, gaps, the pulls that
+        # waited at the bound and their seconds) and the servers' counters, as a fixed
+        # ssp run reports them
+        staleness, servers = t.engine.commands.run("relaxed_stats")
         t.summary_extra.update(json_safe({"consistency": "auto", "auto": self.policy.history,
                                           "auto_final": self.policy.consistency,
-                                          "auto_decision_wait_s": waits}))
+                                          "auto_decision_wait_s": waits,
+                                          "staleness": staleness, "servers": servers}))
         path = t.end_run()
         if path is not None:
             t.summary_extra["trace"] = path

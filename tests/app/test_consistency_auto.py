@@ -78,6 +78,15 @@ def test_switches_to_ssp0_and_back_keep_bsp_parameters(comm, tmp_path, monkeypat
         meta = read_meta(latest(run_dir))
         ok = ok and meta["auto"]["mode"] == "bsp" and len(meta["auto"]["history"]) == 2
         ok = ok and traced_both_kinds(trace, comm.size)
+        # the relaxed phase's staleness records are in the summary, as a fixed ssp run's
+        with open(os.path.join(run_dir, "summary.json"), encoding="utf-8") as handle:
+            summary = json.load(handle)
+        stale = summary["staleness"]["ssp:0"]
+        relaxed = [r["step"] for r in records(run_dir, "loss")
+                   if r.get("workers") is not None]  # the relaxed steps' lines
+        ok = ok and stale["max_gap"] == 0 and stale["violations"] == 0
+        ok = ok and stale["pulls"] == len(relaxed) * (comm.size - 1) > 0
+        ok = ok and len(summary["servers"]) == 1
     assert comm.allreduce(bool(ok), op=MPI.LAND)
 
 

@@ -142,3 +142,13 @@ def test_stragglers(report):
         result[f"ratio_auto_vs_best_fixed_{name}"] for name in ("none", "transient",
                                                                   "persistent"))
     assert sum(result["persistent"]["asp"]["worker_steps"]) >= result["steps"] * (run["ranks"] - 1)
+    # every mode's loss gap beside its speed, the same gaps as the figures above
+    gaps = result["loss_gap_by_mode"]
+    assert gaps["transient"]["ssp:3"]["median"] == pytest.approx(result["loss_gap_ssp"])
+    assert set(gaps["persistent"]) == {"asp", "balanced", "auto"}
+    # waits at the staleness bound: none without a bound (asp); a share of the time
+    # for the bounded modes, auto's ssp phases included
+    assert result["persistent"]["asp"]["bound_wait_share"]["max"] == 0
+    assert 0 <= result["transient"]["ssp:3"]["bound_wait_share"]["median"] < 1
+    auto = result["none"]["auto"]["bound_wait_share"]["median"]
+    assert auto is None or 0 <= auto < 1  # None: auto stayed in bsp

@@ -38,6 +38,7 @@ def test_stragglers_run_on_emulated_accelerators():
     assert result["emulated"] is True
     assert 0 < result["cpu_busy_max"] < 1.0
     assert result["loss_gap_ssp"] is None  # no loss is computed under emulation
+    assert "loss_gap_by_mode" not in result
     # the straggler's extra wait is part of the emulated compute: BSP waits for it
     # (2x the compute of one worker), asp does not
     with_straggler = result["persistent"]["bsp"]["samples_per_s"]["median"]
