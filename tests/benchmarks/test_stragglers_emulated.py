@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.timeout(300)
-def test_stragglers_run_on_emulated_accelerators():
+def test_stragglers_run_on_emulated_accelerators(tmp_path):
     if os.environ.get("PMI_RANK") or os.environ.get("PMI_SIZE"):
         pytest.skip("starts its own mpirun; runs in the serial suite only")
     mpirun = shutil.which("mpirun") or shutil.which("mpiexec")
@@ -28,11 +28,17 @@ def test_stragglers_run_on_emulated_accelerators():
         pytest.skip("no mpirun on PATH")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "HYDRA_", "MPI"))}
     env["MPIEXEC_TIMEOUT"] = "240"
+    # an earlier real-compute run's losses (as its JSON line has them): asp 10 % off bsp
+    earlier = tmp_path / "real-compute.json"
+    earlier.write_text("log line\n" + json.dumps(
+        {"emulated": False, "persistent": {"bsp": {"loss": {"median": 4.0}},
+                                           "asp": {"loss": {"median": 3.6}},
+                                           "auto": {"loss": {"median": 4.02}}}}) + "\n")
     done = subprocess.run([mpirun, "-n", "3", sys.executable, "-m", "mpi4py",
                            str(ROOT / "benchmarks" / "stragglers.py"), "--quick",
                            "--emulate", "0.002/sample", "--only", "none,persistent",
-                           "--modes", "bsp,asp"], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=270)
+                           "--modes", "bsp,asp,auto", "--loss-gaps", str(earlier)],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=270)
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["emulated"] is True
@@ -44,3 +50,14 @@ def test_stragglers_run_on_emulated_accelerators():
     with_straggler = result["persistent"]["bsp"]["samples_per_s"]["median"]
     assert with_straggler < result["none"]["bsp"]["samples_per_s"]["median"]
     assert result["ratio_asp_vs_bsp_persistent"] > 1.0
+    # against the fixed modes within the loss goal: asp (gap 0.1 > 0.02) left out, so
+    # auto is measured against bsp alone there (one round: the ratio of the two runs)
+    assert result["excluded_by_loss_gap"] == {"persistent": {"asp": pytest.approx(0.1)},
+                                              "none": {}}
+    persistent = result["persistent"]
+    assert result["ratio_auto_vs_best_fixed_within_loss_gap_persistent"] == pytest.approx(
+        persistent["auto"]["samples_per_s_train"]["median"]
+        / persistent["bsp"]["samples_per_s_train"]["median"])
+    assert result["ratio_auto_vs_best_fixed_persistent"] == pytest.approx(
+        persistent["auto"]["samples_per_s_train"]["median"]
+        / max(persistent[m]["samples_per_s_train"]["median"] for m in ("bsp", "asp")))
