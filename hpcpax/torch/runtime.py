@@ -55,6 +55,10 @@ class Runtime:
         self.pending = {name: [] for name in tables}
         self._leaves = {}  # {table: (replica array, leaf tensor over it)}
         self._read, self._read_rows = {}, {}  # table gradients the script read this step
+        #: Every table's workers' mean gradient ``(unique ids, rows)`` (None: no worker
+        #: has one), gathered in one exchange at the step's first read of any table's
+        #: ``.grad`` and not read yet (a clip reads them all, one after the other).
+        self._gathered = {}
         self._dirty = False
         self._callback_queued = False
         self._handles = []
@@ -194,6 +198,7 @@ class Runtime:
     def finish_backward(self) -> None:
         """Finish this backward pass's dense reductions; **collective** (workers)."""
         self._callback_queued = False
+        self._gathered = {}  # gathered before this backward pass: stale now
         self.sync.wait(fill=self._zero_gradient)
 
     def _zero_gradient(self, name):
@@ -206,16 +211,30 @@ class Runtime:
     def table_grad(self, name):
         """Table ``name``'s gradient as one process would hold it: the workers' mean, on
         the table's device, sparse for a ``sparse=True`` table, else dense. None when
-        no backward pass filled it since the last push (local then). **Collective**
-        over the workers the first time per step (the rows of every worker are
-        gathered); later reads return the same tensor.
+        no backward pass filled it since the last push (on no worker, with several).
+        **Collective** over the workers at the step's first read of any table: the
+        rows of every table are gathered then, in one exchange (a clip reads every
+        table's ``.grad`` in turn: one exchange, not one per table); later reads
+        return the same tensor.
         """
         if name in self._read:
             return self._read[name]
+        if self.num_workers > 1:
+            self._check_dense_grad(name)
+            if name not in self._gathered:
+                self._gather_table_grads()
+            gathered = self._gathered.pop(name)
+            return None if gathered is None else self._hold_grad(name, *gathered)
         done = [(ids, rows.grad, scale) for ids, rows, scale in self.pending[name]
                 if rows.grad is not None]
-        if not done:  # every worker ran the same backward: none has a gradient either
+        if not done:
             return None
+        self._check_dense_grad(name)
+        ids, values = self._table_gradient(name, done)
+        return self._hold_grad(name, *dedup_sum(to_host(ids), to_host(values)))
+
+    def _check_dense_grad(self, name) -> None:
+        """Refuse to hold a dense table's gradient over ``HPCPAX_REPLICA_MEMORY``."""
         info = self.tables[name]
         if not info["sparse"]:
             need = info["rows"] * info["dim"] * np.dtype(info["dtype"]).itemsize
@@ -226,13 +245,38 @@ class Runtime:
                     f"({format_bytes(need)}) on every worker, over HPCPAX_REPLICA_MEMORY "
                     f"({format_bytes(options.replica_memory)}); clip the dense "
                     "parameters only, or make the embedding sparse=True")
-        ids, values = self._table_gradient(name, done)
-        ids, values = to_host(ids), to_host(values)
-        if self.num_workers > 1:
-            unique, summed = allgather_sparse_many(self.topology, [name], [ids], [values])[0]
-            summed /= self.num_workers
-        else:
-            unique, summed = dedup_sum(ids, values)
+
+    def _gather_table_grads(self) -> None:
+        """Every table's workers' mean gradient into ``_gathered``, in one
+        :func:`~hpcpax.comm.sparse_collectives.allgather_sparse_many` (each table's
+        result bit for bit what gathering it alone gives); **collective** over the
+        workers (every worker passes every table not read yet, empty where its
+        backward left none)."""
+        names = [n for n in self.tables if n not in self._read]
+        id_lists, value_lists = [], []
+        for name in names:
+            info = self.tables[name]
+            done = [(ids, rows.grad, scale) for ids, rows, scale in self.pending[name]
+                    if rows.grad is not None]
+            if done:
+                ids, values = self._table_gradient(name, done)
+                ids, values = to_host(ids), to_host(values)
+            else:
+                ids = np.zeros(0, np.int64)
+                values = np.zeros((0, info["dim"]), info["dtype"])
+            id_lists.append(ids)
+            value_lists.append(values)
+        results = allgather_sparse_many(self.topology, names, id_lists, value_lists)
+        for name, (unique, summed) in zip(names, results):
+            if len(unique):
+                summed /= self.num_workers
+                self._gathered[name] = (unique, summed)
+            else:
+                self._gathered[name] = None
+
+    def _hold_grad(self, name, unique, summed):
+        """The tensor a read of table ``name``'s ``.grad`` returns (kept for the push)."""
+        info = self.tables[name]
         rows = torch.from_numpy(summed)
         if info["sparse"]:
             grad = torch.sparse_coo_tensor(torch.from_numpy(unique)[None], rows,
@@ -250,6 +294,7 @@ class Runtime:
         if value is None:
             self._read.pop(name, None)
             self._read_rows.pop(name, None)
+            self._gathered.pop(name, None)
             if not any(rows.grad is not None for _, rows, _ in self.pending[name]):
                 return
             for _, rows, _ in self.pending[name]:
@@ -262,6 +307,7 @@ class Runtime:
                              f"{(info['rows'], info['dim'])}, not {getattr(value, 'shape', value)}")
         self._read[name] = value
         self._read_rows[name] = None
+        self._gathered.pop(name, None)
         self._dirty = True
 
     def _read_gradient(self, name):
@@ -302,7 +348,7 @@ class Runtime:
                 if ids is None:  # a replica read in place: its gradient is this step's only
                     rows.grad = None
         self.pending = {name: [] for name in self.tables}
-        self._read, self._read_rows = {}, {}
+        self._read, self._read_rows, self._gathered = {}, {}, {}
         used = list(grads)
         if not self._mask:
             used = list(self.tables)  # an empty push changes nothing: no need to agree

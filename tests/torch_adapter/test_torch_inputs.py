@@ -304,6 +304,77 @@ def test_a_recurrent_model_with_carried_state_and_clipping_equals_one_process(
         assert all_ok(ok), servers
 
 
+class ThreeTables(nn.Module):
+    """Three ``sparse=False`` tables of two widths and a head, summed per sample."""
+
+    def __init__(self):
+        super().__init__()
+        self.words = nn.Embedding(40, DIM)
+        self.places = nn.Embedding(25, DIM)
+        self.kinds = nn.Embedding(30, 2 * DIM)
+        self.head = nn.Linear(4 * DIM, 1)
+
+    def forward(self, ids):
+        features = torch.cat([self.words(ids[:, 0]), self.places(ids[:, 1]),
+                              self.kinds(ids[:, 2])], dim=1)
+        return self.head(features).squeeze(1)
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.timeout(240)
+def test_a_clip_over_several_tables_equals_one_process_in_one_exchange(comm, all_ok,
+                                                                        monkeypatch):
+    """``clip_grad_norm_`` reads every table's ``.grad`` in turn: the workers' rows of all
+    of them travel in one exchange per step (the first read), and the clipped result is
+    one process's."""
+    from hpcpax.torch import runtime
+
+    calls = []
+    gather = runtime.allgather_sparse_many
+    monkeypatch.setattr(runtime, "allgather_sparse_many",
+                        lambda topology, names, *rest: calls.append(list(names))
+                        or gather(topology, names, *rest))
+
+    def build():
+        torch.manual_seed(0)
+        model = ThreeTables().double()
+        return model, torch.optim.SGD(model.parameters(), lr=0.5)
+
+    def train(model, opt, batches):
+        for ids, target in batches:
+            opt.zero_grad()
+            ((model(ids) - target) ** 2).mean().backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 0.05)
+            opt.step()
+
+    g = torch.Generator().manual_seed(5)
+    data = [(torch.stack([torch.randint(0, rows, (BATCH,), generator=g) for rows in ROWS],
+                         dim=1), torch.randn(BATCH, generator=g, dtype=torch.float64))
+            for _ in range(4)]
+    reference, ref_opt = build()
+    train(reference, ref_opt, data)
+    expected = state(reference)
+    for servers in layouts(comm):
+        calls.clear()
+        model, opt = build()
+        topology = hpcpax.init(servers_per_node=servers)
+        model, opt, local = hpcpax.torch.distribute(
+            model, opt, data, plan="ps", topology=topology, quiet=True, on_server="return")
+        ok = True
+        try:
+            if topology.is_worker:
+                train(model, opt, local)
+                ok = close(expected, state(model))
+                workers = topology.num_workers
+                # one gather of the three tables per step with several workers, none alone
+                ok = ok and calls == ([["words", "places", "kinds"]] * len(data)
+                                      if workers > 1 else [])
+        finally:
+            hpcpax.torch.finish()
+            topology.free()
+        assert all_ok(ok), servers
+
+
 # ------------------------------------------------------------------- refusals
 def test_computing_with_a_distributed_table_weight_names_the_table_and_call():
     model, opt = build_words()
