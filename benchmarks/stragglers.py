@@ -374,23 +374,33 @@ def within_loss_gap(runs, cases, gaps) -> dict:
     goal, so a fixed mode that misses it is not a speed auto could take. Per scenario and
     the minimum; ``excluded_by_loss_gap`` names the modes left out, with their gaps."""
     limit = GOALS["loss_gap_auto"][1]
-    figures, worst, excluded = {}, None, {}
+
+    def allowed(name, mode):
+        return gaps.get(name, {}).get(mode, 0.0) <= limit
+
+    excluded = {name: {m: gap for m, gap in gaps.get(name, {}).items()
+                       if m in modes and m != "auto" and not allowed(name, m)}
+                for name, (_, modes) in cases.items() if "auto" in modes and len(modes) >= 2}
+    return (auto_vs_best_fixed(runs, cases, "ratio_auto_vs_best_fixed_within_loss_gap",
+                               allowed), excluded)
+
+
+def auto_vs_best_fixed(runs, cases, key, allowed=lambda name, mode: True) -> dict:
+    """``key_<scenario>``: auto over the fastest fixed mode of each round that
+    ``allowed(scenario, mode)``; ``key``: the minimum over the scenarios, per round."""
+    figures, worst = {}, None
     for name, (_, modes) in cases.items():
         if "auto" not in modes or len(modes) < 2:
             continue
-        measured = gaps.get(name, {})
-        fixed = [m for m in modes if m not in ("auto", DENSE_AUTO)
-                 and measured.get(m, 0.0) <= limit]
-        excluded[name] = {m: measured[m] for m in modes
-                          if m not in fixed and m in measured and m != "auto"}
+        fixed = [m for m in modes if m not in ("auto", DENSE_AUTO) and allowed(name, m)]
         per_round = [x["samples_per_s_train"] / max(runs[name][m][r]["samples_per_s_train"]
                                                     for m in fixed)
                      for r, x in enumerate(runs[name]["auto"])]
-        figures[f"ratio_auto_vs_best_fixed_within_loss_gap_{name}"] = spread(per_round)
+        figures[f"{key}_{name}"] = spread(per_round)
         worst = per_round if worst is None else [min(a, b) for a, b in zip(worst, per_round)]
     if worst is not None:
-        figures["ratio_auto_vs_best_fixed_within_loss_gap"] = spread(worst)
-    return figures, excluded
+        figures[key] = spread(worst)
+    return figures
 
 
 def runtime_figures(runs, cases) -> dict:
@@ -411,16 +421,11 @@ def runtime_figures(runs, cases) -> dict:
             [b["samples_per_s_train"] / a["samples_per_s_train"] for a, b in pairs])
         figures["loss_gap_dense_period_auto"] = spread(
             [abs(b["loss"] - a["loss"]) / a["loss"] for a, b in pairs if a["loss"]])
-    worst, gaps = None, []
+    figures.update(auto_vs_best_fixed(runs, cases, "ratio_auto_vs_best_fixed"))
+    gaps = []
     for name, (_, modes) in cases.items():
         if "auto" not in modes or len(modes) < 2:
             continue
-        fixed = [m for m in modes if m not in ("auto", DENSE_AUTO)]
-        per_round = [x["samples_per_s_train"] / max(runs[name][m][r]["samples_per_s_train"]
-                                                    for m in fixed)
-                     for r, x in enumerate(runs[name]["auto"])]
-        figures[f"ratio_auto_vs_best_fixed_{name}"] = spread(per_round)
-        worst = per_round if worst is None else [min(a, b) for a, b in zip(worst, per_round)]
         if "bsp" in modes and all(b["loss"] for b in runs[name]["bsp"]):
             gaps.append([abs(a["loss"] - b["loss"]) / b["loss"]
                          for a, b in zip(runs[name]["auto"], runs[name]["bsp"])])
@@ -434,8 +439,6 @@ def runtime_figures(runs, cases) -> dict:
                and all(b["loss"] for b in runs[name]["bsp"])}
     if by_mode:
         figures["loss_gap_by_mode"] = by_mode
-    if worst is not None:
-        figures["ratio_auto_vs_best_fixed"] = spread(worst)
     if gaps:
         figures["loss_gap_auto"] = spread([max(g) for g in zip(*gaps)])
     return figures
