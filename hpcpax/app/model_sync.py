@@ -210,12 +210,20 @@ class ModelSync:
             self.record(ids_by_name)
         return out
 
+    @property
+    def measuring(self) -> bool:
+        """True while the planner counts the ids of each step (:meth:`record`
+        keeps nothing otherwise)."""
+        return bool(self.planning.measuring)
+
     def record(self, ids_by_name) -> None:
         """Count ``{table: ids}`` (duplicates included) in this step's measured sparsity.
 
         Local; for callers that pull deduplicated ids (``pull(..., record=False)``)
         but know the raw ones. Do not modify the arrays before :meth:`push`.
         """
+        if not self.planning.measuring:
+            return
         for name, ids in ids_by_name.items():
             self._step_ids.setdefault(name, []).append(ids)
 

@@ -105,6 +105,16 @@ class Accounting:
         entry["seconds"] += float(seconds)
         entry["calls"] += 1
 
+    def record_empty(self, phase, names) -> None:
+        """Count one call of an exchange of ``names`` that moved nothing (a
+        one-worker push), as :meth:`record_batched_exchange` would with zero
+        bytes; O(1) per call after the first with the same names."""
+        handles = self.__dict__.setdefault("_empty_groups", {})
+        key = (phase, tuple(names))
+        if key not in handles:
+            handles[key] = self.add_group(phase, names)
+        self.record_group(handles[key])
+
     def _variables_with_groups(self):
         table = defaultdict(_zero, {k: dict(v) for k, v in self._variables.items()})
         for _, names, arrays, count in self._groups:

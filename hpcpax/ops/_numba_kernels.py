@@ -25,8 +25,10 @@ from ._numba_sums import (  # noqa: F401  (re-exported: the sums live in their o
     scatter_add_serial,
 )
 
-# Counting-table path when the id span is at most this many times the input.
-DENSE_SPAN_FACTOR = 8
+# Counting-table path when the id span is at most this many times the input
+# (measured against np.unique's sort, 1k-200k random ids: the table wins up to
+# a span of 16x, 0.48 against 0.69 ms at 13k ids; they cross near 24-32x).
+DENSE_SPAN_FACTOR = 16
 DENSE_SPAN_LIMIT = 1 << 28
 
 

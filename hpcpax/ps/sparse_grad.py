@@ -31,11 +31,12 @@ class SparseGrad:
     values: object
     num_rows: int
 
-    def validate(self, name: str, dim: int, dtype) -> None:
-        """Check shapes, dtype and index range; raise naming ``name``.
+    def validate(self, name: str, dim: int, dtype, bounds: bool = True) -> None:
+        """Check shapes, dtype and (``bounds``) index range; raise naming ``name``.
 
         Not collective. Raises ``TypeError``/``ValueError``
         (:class:`~hpcpax.errors.SparseIndexError` for a bad index).
+        ``bounds=False`` is for callers that check the range themselves.
         """
         xp = array_module(self.indices)
         if array_module(self.values) is not xp:
@@ -56,7 +57,8 @@ class SparseGrad:
         if np.dtype(self.values.dtype) != np.dtype(dtype):
             raise TypeError(f"{name}: values dtype must be {np.dtype(dtype)}, "
                             f"not {self.values.dtype}")
-        check_indices(name, self.indices, self.num_rows)
+        if bounds:
+            check_indices(name, self.indices, self.num_rows)
 
 
 def check_indices(name: str, ids, num_rows: int) -> None:

@@ -119,6 +119,12 @@ class TableShard:
         slots = self._slots(ids)
         self.optimizer.apply_rows(self.table, self.state, slots, grads)
 
+    def update(self, ids, grads) -> tuple:
+        """``(optimizer, table, state, slots, grads)``: :meth:`apply`'s update, for
+        :func:`~hpcpax.ops.optimizers.apply_rows_many` to run with others."""
+        slots = self._slots(ids)  # first: creating rows may grow the table
+        return self.optimizer, self.table, self.state, slots, grads
+
     # ------------------------------------------------------------------ moves
     def export(self):
         """``(global ids, table, row state, scalar state)``: every row held, by id."""

@@ -22,9 +22,9 @@ import numpy as np
 from ..backend import array_module, is_device_array, to_host
 from ..comm.agreement import agree_input
 from ..comm.sparse_collectives import allgather_sparse_many, densify_allreduce
-from ..errors import ConfigError, NonFiniteError
+from ..errors import ConfigError, NonFiniteError, SparseIndexError
 from ..ops import dedup_sum
-from ..ops.optimizers import make_optimizer
+from ..ops.optimizers import apply_rows_many, make_optimizer
 from ..ps.layout import WholeLayout
 from ..ps.sparse_grad import SparseGrad, check_indices
 from ..ps.table import TableShard
@@ -100,10 +100,15 @@ class ReplicatedTable:
         return ids, values
 
     def _apply(self, unique, summed):
+        apply_rows_many([self._update(unique, summed)], check=False)
+
+    def _update(self, unique, summed):
+        """The optimizer update of a synced ``(unique ids, summed rows)``: the rows
+        come from :func:`~hpcpax.ops.dedup_sum` over checked ids."""
         workers = self.topology.workers.Get_size()
         if self.reduce == "mean" and workers > 1:
             summed /= workers
-        self.shard.apply(unique, summed)
+        return self.shard.update(unique, summed)
 
     def read_table(self):
         """The whole table (this worker's replica)."""
@@ -132,8 +137,7 @@ def push_many(tables, grads) -> bool:
             raise error
         _count_nothing_moved(topology, [n for n in names if method_of(tables[n].method).gathers],
                              [n for n in names if method_of(tables[n].method).densified])
-        for name in names:
-            tables[name]._apply(*prepared[name])
+        apply_rows_many([tables[n]._update(*prepared[n]) for n in names], check=False)
         return True
     agree_input(topology.workers, error, f"push of {', '.join(map(repr, names))}",
                 labels=list(topology.worker_ranks))
@@ -141,8 +145,8 @@ def push_many(tables, grads) -> bool:
     if gathered:
         results = allgather_sparse_many(topology, gathered, [prepared[n][0] for n in gathered],
                                         [prepared[n][1] for n in gathered])
-        for name, (unique, summed) in zip(gathered, results):
-            tables[name]._apply(unique, summed)
+        apply_rows_many([tables[n]._update(unique, summed)
+                         for n, (unique, summed) in zip(gathered, results)], check=False)
     for name in names:
         if method_of(tables[name].method).densified:
             ids, values = prepared[name]
@@ -157,9 +161,7 @@ def _count_nothing_moved(topology, gathered, reduced) -> None:
     densified table, no bytes."""
     acct = topology.accounting
     if gathered:
-        zero = np.zeros((len(gathered), 1), np.int64)
-        acct.record_batched_exchange("allgather", gathered, zero, zero, 0.0,
-                                     ranks=topology.worker_ranks)
+        acct.record_empty("allgather", gathered)
     for name in reduced:
         acct.record_bytes("dense_sparse", name)
 
@@ -180,7 +182,7 @@ def _prepare_many(tables, grads):
             if is_device_array(grad.indices) or is_device_array(grad.values):
                 prepared[name] = table._prepare(grad)
                 continue
-            grad.validate(name, table.spec.dim, table.spec.dtype)
+            grad.validate(name, table.spec.dim, table.spec.dtype, bounds=False)
         except (TypeError, ValueError, FloatingPointError) as exc:
             error = error or exc
             continue
@@ -192,9 +194,13 @@ def _prepare_many(tables, grads):
             except (TypeError, ValueError, FloatingPointError) as exc:
                 error = error or exc
             continue
+        ids = [np.asarray(grads[n].indices, np.int64) for n in group]
+        bad = _out_of_range(group, ids, [grads[n].num_rows for n in group])
+        if bad is not None:
+            error = error or bad
+            continue
         bases = np.cumsum([0] + [tables[n].spec.rows for n in group])
-        keys = np.concatenate([np.asarray(grads[n].indices, np.int64) + base
-                               for n, base in zip(group, bases)])
+        keys = np.concatenate([i + base for i, base in zip(ids, bases)])
         unique, summed = dedup_sum(keys, np.concatenate([grads[n].values for n in group]))
         cuts = np.searchsorted(unique, bases)
         finite = bool(np.isfinite(summed).all())
@@ -205,3 +211,21 @@ def _prepare_many(tables, grads):
                 continue
             prepared[name] = (unique[cuts[k]:cuts[k + 1]] - bases[k], rows)
     return prepared, error
+
+
+def _out_of_range(names, ids, rows):
+    """The :class:`~hpcpax.errors.SparseIndexError` of the first table whose ids
+    leave ``[0, rows)``, or None: one vector check over the group (a check per
+    table cost two reductions apiece)."""
+    flat = np.concatenate(ids)
+    if not flat.size:
+        return None
+    limits = np.repeat(np.asarray(rows, np.int64), [i.size for i in ids])
+    if int(flat.min()) >= 0 and not (flat >= limits).any():
+        return None
+    for name, i, n in zip(names, ids, rows):
+        try:
+            check_indices(name, i, n)
+        except SparseIndexError as exc:
+            return exc
+    return None

@@ -167,7 +167,8 @@ class Runtime:
             raise TypeError(f"table {name!r}: ids must be torch.int64 or torch.int32, "
                             f"not {input.dtype}")
         if torch.is_grad_enabled():
-            self.sync.record({name: as_array(input.reshape(-1))})
+            if self.sync.measuring:
+                self.sync.record({name: as_array(input.reshape(-1))})
             if not any(rows is whole for _, rows, _ in self.pending[name]):
                 self.pending[name].append((None, whole, self.scale))
             self._dirty = True

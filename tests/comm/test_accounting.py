@@ -81,3 +81,19 @@ def test_accounting_default_is_single_node():
     assert acc.phase("x")["sent_bytes"] == 0
     with pytest.raises(IndexError):
         acc.record_exchange("x", None, [1, 2], [1, 2])  # rank 1 unknown to a 1-rank layout
+
+
+def test_record_empty_counts_as_a_zero_byte_exchange():
+    """A one-worker push's empty exchange: the same phase and per-variable
+    counters as record_batched_exchange with zero bytes, across a reset."""
+    a, b = Accounting(), Accounting()
+    zero = np.zeros((2, 1), np.int64)
+    for _ in range(3):
+        a.record_batched_exchange("allgather", ["t", "u"], zero, zero, 0.0)
+        b.record_empty("allgather", ["t", "u"])
+    assert a.as_dict() == b.as_dict()
+    assert b.as_dict()["variables"]["u"]["calls"] == 3
+    a.reset(), b.reset()
+    a.record_batched_exchange("allgather", ["t", "u"], zero, zero, 0.0)
+    b.record_empty("allgather", ["t", "u"])
+    assert a.as_dict() == b.as_dict()

@@ -178,3 +178,46 @@ def test_bad_rows():
     with pytest.raises(ValueError, match="state must hold"):
         opt.apply_rows(p, {}, np.array([0]), np.ones((1, 2), np.float32))
     np.testing.assert_array_equal(p, 0)
+
+
+@pytest.mark.parametrize("numba", ["0", "1"])
+@pytest.mark.parametrize("check", [True, False])
+def test_apply_rows_many_equals_apply_rows_one_by_one(monkeypatch, numba, check):
+    """Every optimizer, both dtypes, tables of several sizes (one large enough for
+    the parallel kernels): the same tables and slots bit for bit, over 3 steps."""
+    from hpcpax.ops.optimizers import apply_rows_many
+
+    monkeypatch.setenv("HPCPAX_NUMBA", numba)
+    rng = np.random.default_rng(5)
+    cases = []
+    for k, (name, hp) in enumerate(CONFIGS * 2):
+        dtype = np.float32 if k % 2 else np.float64
+        rows, dim = (20000, 16) if k == 3 else (int(rng.integers(1, 50)), int(rng.integers(1, 9)))
+        p = rng.standard_normal((rows, dim)).astype(dtype)
+        opts = make_optimizer(name, **hp), make_optimizer(name, **hp)
+        states = opts[0].init_state(p.shape, dtype), opts[1].init_state(p.shape, dtype)
+        cases.append((opts, [p, p.copy()], states))
+    for _ in range(3):
+        updates = []
+        for opts, params, states in cases:
+            n = params[0].shape[0]
+            rows = rng.choice(n, rng.integers(0, n + 1), replace=False).astype(np.int64)
+            grads = (rng.standard_normal((rows.size, params[0].shape[1])) * 3).astype(params[0].dtype)
+            opts[0].apply_rows(params[0], states[0], rows, grads)
+            updates.append((opts[1], params[1], states[1], rows, grads))
+        apply_rows_many(updates, check=check)
+    for _, params, states in cases:
+        np.testing.assert_array_equal(bits(params[0]), bits(params[1]))
+        for k in states[0]:
+            np.testing.assert_array_equal(np.asarray(states[0][k]), np.asarray(states[1][k]))
+
+
+def test_apply_rows_many_checks_each_update_before_changing_any():
+    from hpcpax.ops.optimizers import apply_rows_many
+
+    opt = make_optimizer("sgd", lr=0.1)
+    a, b = np.zeros((4, 2), np.float32), np.zeros((3, 2), np.float32)
+    with pytest.raises(SparseIndexError, match="rows must be in .*not 3"):
+        apply_rows_many([(opt, a, {}, np.array([1]), np.ones((1, 2), np.float32)),
+                         (opt, b, {}, np.array([3]), np.ones((1, 2), np.float32))])
+    np.testing.assert_array_equal(a, 0)

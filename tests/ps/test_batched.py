@@ -336,3 +336,54 @@ def test_alltoallv_many_equals_a_pickled_alltoall_reference(comm):
             want = np.concatenate([incoming[s][k][j] for s in range(size)])
             assert a.dtype == want.dtype and a.shape == want.shape and np.array_equal(a, want)
             assert b.dtype == want.dtype and np.array_equal(b, want)
+
+
+SAME_WIDTH = [SparseVariableSpec(n, rows=r, dim=4, dtype="float32", optimizer=o,
+                                 optimizer_params={"lr": 0.1})
+              for n, r, o in (("x", 50, "sgd"), ("y", 7, "adagrad"), ("z", 300, "adam"))]
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.timeout(60)
+def test_replicated_tables_of_one_width_pushed_together_equal_one_by_one(comm):
+    """Tables of one width are deduplicated and updated as one group (ids offset
+    by table, one range check): the replicas equal pushing each table alone."""
+    from hpcpax.sync.replicated import ReplicatedTable, push_many
+
+    topo = hpcpax.init(servers_per_node=0)
+    try:
+        single = {s.name: ReplicatedTable(topo, s, "allgather", seed=3) for s in SAME_WIDTH}
+        batched = {s.name: ReplicatedTable(topo, s, "allgather", seed=3) for s in SAME_WIDTH}
+        for step in range(STEPS):
+            grads = {s.name: step_grad(s, topo.worker_index, step) for s in SAME_WIDTH}
+            for s in SAME_WIDTH:
+                single[s.name].push(grads[s.name])
+            assert push_many(batched, grads)
+            for s in SAME_WIDTH:
+                assert np.array_equal(single[s.name].table, batched[s.name].table)
+                for k in single[s.name].state:
+                    assert np.array_equal(single[s.name].state[k], batched[s.name].state[k])
+    finally:
+        topo.free()
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("bad", [7, -1])
+def test_replicated_group_with_an_id_out_of_range_names_its_table(comm, bad):
+    """An id past table y's 7 rows (or negative) in a group of one width: the
+    error names y on every worker, and no table changes."""
+    from hpcpax.sync.replicated import ReplicatedTable, push_many
+
+    topo = hpcpax.init(servers_per_node=0)
+    try:
+        tables = {s.name: ReplicatedTable(topo, s, "allgather") for s in SAME_WIDTH}
+        before = {n: t.table.copy() for n, t in tables.items()}
+        grads = {s.name: step_grad(s, topo.worker_index, 0) for s in SAME_WIDTH}
+        if topo.worker_index == topo.num_workers - 1:
+            grads["y"] = SparseGrad(np.array([0, bad]), np.ones((2, 4), np.float32), 7)
+        with pytest.raises(SparseIndexError, match=f"y: index {bad} is"):
+            push_many(tables, grads)
+        assert all(np.array_equal(before[n], t.table) for n, t in tables.items())
+    finally:
+        topo.free()
