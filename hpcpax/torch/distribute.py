@@ -258,6 +258,7 @@ def distribute(model, optimizer, data=None, *, plan="auto", loss_reduction="mean
     _strip_tables(optimizers, layout)
     for info in layout.tables.values():
         info["weight"] = None  # the table lives with its holders now
+    _share_idle_server_cores(topology, sync)
     if topology.is_server:
         sync.serve()
         session.finished = True
@@ -287,14 +288,32 @@ def distribute(model, optimizer, data=None, *, plan="auto", loss_reduction="mean
     return model, optimizer, shard(data, runtime, batch_dim, split)
 
 
+def _share_idle_server_cores(topology, sync) -> None:
+    """Servers left with no table by a plan that stays fixed (one worker, or a
+    plan of replicated methods) give their cores to the workers on their host
+    (:func:`~hpcpax.comm.threads.share_idle_cores`). **Collective** (every rank)."""
+    from ..comm.threads import share_idle_cores
+    from ..sync.methods import method_of
+
+    idle = None
+    if topology.is_worker and topology.worker_index == 0:
+        fixed = sync.engine.planning.mode is None
+        idle = fixed and not any(method_of(m).on_servers for m in sync.methods().values())
+    idle = topology.comm.bcast(idle, root=topology.worker_ranks[0])
+    share_idle_cores(topology.comm, busy=not (idle and topology.is_server))
+
+
 def _cap_torch_threads() -> None:
     """Give torch's intra-op pool this rank's share of the host's cores (as BLAS and
     Numba get from :func:`hpcpax.init`): a worker's threads must not take the core
-    of a server or another worker on its host."""
+    of a server or another worker on its host, nor leave one idle that is its
+    share (``mpirun`` here starts torch on one thread; a sleeping server's core
+    goes to the workers, :func:`_share_idle_server_cores`). ``HPCPAX_THREADS=0``
+    leaves the pool as the script set it."""
     from ..comm.threads import thread_cap
 
     cap = thread_cap()
-    if cap is not None and torch.get_num_threads() > cap:
+    if cap is not None and torch.get_num_threads() != cap:
         torch.set_num_threads(cap)
 
 

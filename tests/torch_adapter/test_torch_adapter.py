@@ -264,3 +264,35 @@ def test_checkpoint_resumes_on_another_layout_and_plan(comm, all_ok, tmp_path_fa
         hpcpax.torch.finish()
         topology.free()
     assert all_ok(ok)
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("plan,idle", [("allgather", True), ("ps", False)])
+def test_a_server_without_tables_gives_its_cores_to_the_workers(comm, all_ok, plan, idle):
+    """One server beside the workers: under a fixed plan that leaves it no table
+    it only sleeps, so each worker's BLAS, Numba and torch threads are the host's
+    cores over the workers on it; under ``ps`` the server counts too."""
+    from mpi4py import MPI
+
+    from hpcpax.comm.threads import thread_cap, usable_cores
+
+    model, opt = build("sgd")
+    topology = hpcpax.init(servers_per_node=1)
+    host = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    workers_here = host.allreduce(int(topology.is_worker))
+    ranks_here = host.Get_size()
+    host.Free()
+    model, opt, data = hpcpax.torch.distribute(model, opt, batches(), plan=plan,
+                                               topology=topology, quiet=True,
+                                               on_server="return")
+    ok = True
+    try:
+        if topology.is_worker:
+            want = max(1, usable_cores() // (workers_here if idle else ranks_here))
+            ok = thread_cap() == want and torch.get_num_threads() == want
+            train(model, opt, data)
+    finally:
+        hpcpax.torch.finish()
+        topology.free()
+    assert all_ok(ok)
