@@ -46,7 +46,6 @@ Run: ``mpirun -n 4 python -m mpi4py benchmarks/torch_public_models.py [--quick]`
 from __future__ import annotations
 
 import argparse
-import copy
 import os
 import sys
 import time
@@ -283,7 +282,6 @@ def _max():
 def speed_round(case, world, steps, warm):
     """One round A..E (see the module); samples/s per phase on rank 0 and plans."""
     import torch
-    import torch.distributed as dist
 
     import hpcpax.torch
     from hpcpax.torch.data import share
