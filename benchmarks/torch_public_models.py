@@ -26,8 +26,8 @@ One ``mpirun -n 4`` job measures, per model:
    float64 (``max_rel_diff_*``: the largest ``max|a-b| / max(max|a|, 1)``
    over the parameters);
 2. speed, interleaved in each of 3 rounds (A B C D E, A B C D E, ...):
-   A plain torch, one process (rank 0; the others sleep); B the adapter on
-   a one-rank world; C the adapter on 2 ranks (1 server + 1 worker); D on 4
+   A plain torch, one process (rank 0; the others sleep) and B the adapter on
+   a one-rank world, step by step in turns (A B A B ...); C the adapter on 2 ranks (1 server + 1 worker); D on 4
    ranks (1 server + 3 workers); E ``DistributedDataParallel`` (gloo, 4
    ranks, one torch thread per rank as torchrun sets; DeepFM's embeddings
    ``sparse=True``, BERT's dense since it clips). Each phase starts torch
@@ -243,6 +243,22 @@ def _timed(comm, step, batches, warm):
     return seconds
 
 
+def _timed_pairs(step_a, batches_a, step_b, batches_b, warm):
+    """Seconds of each step after ``warm`` of two one-process loops run in turns
+    (a step of A, a step of B, ...)."""
+    a, b = [], []
+    for i, (batch_a, batch_b) in enumerate(zip(batches_a, batches_b)):
+        begin = time.perf_counter()
+        step_a(batch_a)
+        middle = time.perf_counter()
+        step_b(batch_b)
+        end = time.perf_counter()
+        if i >= warm:
+            a.append(middle - begin)
+            b.append(end - middle)
+    return a, b
+
+
 # ------------------------------------------------------------------- phases
 def exactness(case, world, dtype, steps):
     """max_rel_diff of the parameters after ``steps`` on every rank vs one process."""
@@ -297,14 +313,13 @@ def speed_round(case, world, steps, warm):
         from mpi4py import MPI
 
         torch.set_num_threads(cores)
-        model, optimizer = case.build(dtype)
-        out["plain"] = _timed(MPI.COMM_SELF, lambda b: case.step(model, optimizer, b),
-                              batches, warm)
-        torch.set_num_threads(cores)
+        plain, plain_opt = case.build(dtype)
         model, optimizer, local, topology = _adapter(case, dtype, MPI.COMM_SELF, 0, batches,
                                                      warm // 2)
-        out["adapter_1rank"] = _timed(MPI.COMM_SELF,
-                                      lambda b: case.step(model, optimizer, b), local, warm)
+        # step by step, A B A B ...: the VM's load drifts within a phase
+        out["plain"], out["adapter_1rank"] = _timed_pairs(
+            lambda b: case.step(plain, plain_opt, b), batches,
+            lambda b: case.step(model, optimizer, b), list(local), warm)
         plans["adapter_1rank"] = _methods(model)
         hpcpax.torch.finish()
         topology.free()
