@@ -56,12 +56,10 @@ def dense_unique(ids, low, span):
     n = ids.size
     for i in range(n):
         slot[ids[i] - low] += 1
-    n_unique = 0
-    for k in range(span):
-        if slot[k] != 0:
-            n_unique += 1
-    unique = np.empty(n_unique, np.int64)
-    counts = np.empty(n_unique, np.int64)
+    # one pass over the table (it is the larger side): sized for the most ids possible
+    most = min(n, span)
+    unique = np.empty(most, np.int64)
+    counts = np.empty(most, np.int64)
     u = 0
     for k in range(span):
         c = slot[k]
@@ -73,7 +71,7 @@ def dense_unique(ids, low, span):
     inverse = np.empty(n, np.int64)
     for i in range(n):
         inverse[i] = slot[ids[i] - low]
-    return unique, inverse, counts
+    return unique[:u], inverse, counts[:u]
 
 
 @nb.njit(cache=True, nogil=True, parallel=True)
