@@ -30,9 +30,8 @@ One ``mpirun -n 4`` job measures, per model:
    a one-rank world, step by step in turns (A B A B ...); C the adapter on 2 ranks (1 server + 1 worker); D on 4
    ranks (1 server + 3 workers); E ``DistributedDataParallel`` (gloo, 4
    ranks, one torch thread per rank as torchrun sets; DeepFM's embeddings
-   ``sparse=True``, BERT's dense since it clips). Each phase starts torch
-   at its default thread count, as a fresh process does; ``distribute``
-   caps it at the rank's share of the host's cores. A step's time is the
+   ``sparse=True``, BERT's dense since it clips). ``distribute`` sets
+   torch's threads to the rank's share of the host's cores. A step's time is the
    slowest rank's; samples/s = global batch / median step time of a phase;
    each ratio is the median over the rounds of that round's ratio, with its
    spread (min, max).
@@ -329,7 +328,6 @@ def speed_round(case, world, steps, warm):
     for label, ranks in (("adapter_2ranks", [0, 1]), ("adapter_4ranks", list(range(4)))):
         sub = _sub(world, ranks)
         if sub is not None:
-            torch.set_num_threads(cores)  # as a fresh process starts (E set 1)
             model, optimizer, local, topology = _adapter(case, dtype, sub, 1, batches,
                                                          warm // 2)
             if model is not None:
