@@ -126,10 +126,15 @@ def start_death_watch(comm, role=None):
         return _ACTIVE[0]
     from mpi4py import MPI
 
-    if comm.Get_size() == 1 or not sys.platform.startswith("linux"):
-        watch = DeathWatch(None, None)
+    if not sys.platform.startswith("linux") or MPI.COMM_WORLD.Get_size() == 1:
+        watch = DeathWatch(None, None)  # nothing to watch, ever
         _ACTIVE.append(watch)
         return watch
+    if comm.Get_size() == 1:
+        # a one-rank communicator inside a larger job (a probe on COMM_SELF): kept,
+        # this one would make the job's later start skip this rank and the others
+        # wait for it in the split
+        return DeathWatch(None, None)
     if MPI.Comm.Compare(comm, MPI.COMM_WORLD) not in (MPI.IDENT, MPI.CONGRUENT):
         # only a call every rank of the job makes at the same point can start it
         # (a sub-communicator's ranks would wait in the split for the others)

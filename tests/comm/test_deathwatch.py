@@ -185,3 +185,34 @@ def test_a_forked_child_does_not_hold_the_ranks_socket():
     a.close()  # the "rank" ends: the socket is closed, no copy left in the child
     assert b.recv(16) == b""
     b.close()
+
+
+COMM_SELF_FIRST = r"""
+from mpi4py import MPI
+from hpcpax.comm import deathwatch
+assert deathwatch.start_death_watch(MPI.COMM_SELF).address is None
+watch = deathwatch.start_death_watch(MPI.COMM_WORLD)  # collective: every rank joins
+started = MPI.COMM_WORLD.gather(watch.address is not None)
+if MPI.COMM_WORLD.Get_rank() == 0:
+    print("started", started, flush=True)
+"""
+
+
+@pytest.mark.timeout(120)
+def test_a_one_rank_probe_first_does_not_hang_the_jobs_start():
+    """Ranks that used hpcpax on COMM_SELF first (a one-rank probe) still start the
+    job's watcher later. Before, the probe's stand-in was kept: where every rank
+    probed first the job had no watcher (this test), where only some did the
+    others waited for them in the split (a hang)."""
+    from mpi4py import MPI
+
+    if MPI.COMM_WORLD.Get_size() > 1 or not sys.platform.startswith("linux"):
+        pytest.skip("starts its own mpirun; serial suite on Linux only")
+    mpirun = os.path.join(os.path.dirname(sys.executable), "mpirun")
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("PMI_", "HYDRA_", "MPI", "OMPI_", "PMIX_"))}
+    done = subprocess.run([mpirun if os.path.exists(mpirun) else "mpirun", "-n", "2",
+                           sys.executable, "-c", COMM_SELF_FIRST],
+                          capture_output=True, text=True, timeout=90, env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "started [True, True]" in done.stdout, done.stdout + done.stderr[-2000:]
