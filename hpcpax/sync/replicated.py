@@ -92,6 +92,8 @@ class ReplicatedTable:
     def _prepare(self, grad):
         """Validated, deduplicated ``(ids, values)`` of ``grad`` on the host."""
         grad.validate(self.spec.name, self.spec.dim, self.spec.dtype)
+        # the row updates trust these ids: the table's rows bound them too
+        check_indices(self.spec.name, grad.indices, self.spec.rows)
         ids, values = dedup_sum(grad.indices.astype(array_module(grad.indices).int64,
                                                     copy=False), grad.values)
         ids, values = to_host(ids), to_host(values)
@@ -195,7 +197,8 @@ def _prepare_many(tables, grads):
                 error = error or exc
             continue
         ids = [np.asarray(grads[n].indices, np.int64) for n in group]
-        bad = _out_of_range(group, ids, [grads[n].num_rows for n in group])
+        bad = _out_of_range(group, ids, [min(grads[n].num_rows, tables[n].spec.rows)
+                                         for n in group])
         if bad is not None:
             error = error or bad
             continue

@@ -387,3 +387,25 @@ def test_replicated_group_with_an_id_out_of_range_names_its_table(comm, bad):
         assert all(np.array_equal(before[n], t.table) for n, t in tables.items())
     finally:
         topo.free()
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("names", [("y",), ("x", "y", "z")])
+def test_replicated_push_bounds_ids_by_the_table_not_the_gradients_num_rows(comm, names):
+    """A SparseGrad claiming more rows than table y holds: an id past y's 7 rows is
+    refused (the row updates trust the ids), alone or in a group of one width."""
+    from hpcpax.sync.replicated import ReplicatedTable, push_many
+
+    topo = hpcpax.init(servers_per_node=0)
+    try:
+        specs = [s for s in SAME_WIDTH if s.name in names]
+        tables = {s.name: ReplicatedTable(topo, s, "allgather") for s in specs}
+        before = {n: t.table.copy() for n, t in tables.items()}
+        grads = {s.name: step_grad(s, topo.worker_index, 0) for s in specs}
+        grads["y"] = SparseGrad(np.array([0, 7]), np.ones((2, 4), np.float32), 1000)
+        with pytest.raises(SparseIndexError, match="y: index 7 is out of range for 7 rows"):
+            push_many(tables, grads)
+        assert all(np.array_equal(before[n], t.table) for n, t in tables.items())
+    finally:
+        topo.free()
