@@ -66,7 +66,9 @@ class _Either:
         twin.__module__, twin.__doc__ = py.__module__, py.__doc__
         options_ = {k: v for k, v in parallel.targetoptions.items()
                     if k in ("nogil", "boundscheck") and v is not None}
-        self.serial = numba.njit(cache=True, **options_)(twin)
+        from ._numba_cache import guard  # noqa: PLC0415
+
+        self.serial = guard(numba.njit(cache=True, **options_)(twin))
 
     def __call__(self, *args):
         return (self.serial if _SERIAL[-1] else self.parallel)(*args)

@@ -12,6 +12,8 @@ import numba as nb
 import numpy as np
 from numba import prange
 
+from ._numba_cache import guard_module
+
 EMPTY = -1
 
 
@@ -138,3 +140,7 @@ def rehash(old_keys, old_values, keys, values):
             b = (b + 1) & mask
         keys[b] = key
         values[b] = old_values[i]
+
+
+# ranks compiling at once must not corrupt the shared on-disk cache (see _numba_cache)
+guard_module(globals())

@@ -11,6 +11,8 @@ import numba as nb
 import numpy as np
 from numba import prange
 
+from ._numba_cache import guard_module
+
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)
@@ -64,3 +66,7 @@ def uniform_rows(key, rows, low, high, fits, out):
     span = high - low
     for i in prange(rows.size):
         _row(key, rows[i], low, span, fits, out, i)
+
+
+# ranks compiling at once must not corrupt the shared on-disk cache (see _numba_cache)
+guard_module(globals())

@@ -13,6 +13,7 @@ import numba as nb
 import numpy as np
 from numba import prange
 
+from ._numba_cache import guard_module
 from ._numba_sums import (  # noqa: F401  (re-exported: the sums live in their own module)
     balanced_bounds,
     bucket_scatter_add,
@@ -181,3 +182,7 @@ def adam_rows(param, m, v, rows, grads, lr_t, beta1, one_minus_beta1, beta2, one
             m[r, c] = mt
             v[r, c] = vt
             param[r, c] = param[r, c] - lr_t * mt / (np.sqrt(vt) + eps)
+
+
+# ranks compiling at once must not corrupt the shared on-disk cache (see _numba_cache)
+guard_module(globals())

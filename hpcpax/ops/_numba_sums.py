@@ -19,6 +19,8 @@ import numba as nb
 import numpy as np
 from numba import prange
 
+from ._numba_cache import guard_module
+
 
 @nb.njit(cache=True, nogil=True)
 def balanced_bounds(counts, num_chunks):
@@ -328,3 +330,7 @@ def scatter_add_hashed(table, ids, values, shift):
             combine_chunks(scratch, first, (count[h] + chunk - 1) >> shift)
             for c in range(dim):
                 table[keys[h], c] = scratch[first, c]
+
+
+# ranks compiling at once must not corrupt the shared on-disk cache (see _numba_cache)
+guard_module(globals())
