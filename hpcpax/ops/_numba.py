@@ -9,13 +9,20 @@ compare the two.
 from __future__ import annotations
 
 import os
+import threading
 from contextlib import contextmanager
+
+import numpy as np
 
 from ..options import options
 
 _KERNELS = None
 _TRIED = False
 _DEFAULT_THREADS = None
+_SCRATCH = threading.local()  # each thread's zeroed counting table (see dense_unique)
+#: Counting-table entries kept between :func:`dense_unique` calls (5 bytes each);
+#: a larger table is allocated for its call only.
+SCRATCH_KEEP = 1 << 22
 
 # Variables through which launchers tell each process how many ranks share its node.
 _LOCAL_SIZE_VARIABLES = ("MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE",
@@ -168,3 +175,18 @@ def num_chunks(work_items: int, per_thread: int = 4) -> int:
 
     threads = 1 if _SERIAL[-1] else numba.get_num_threads()
     return max(1, min(work_items, threads * per_thread))
+
+
+def dense_unique(ids, low, span):
+    """Sorted unique ``ids`` (all in ``[low, low + span)``), the inverse and the
+    counts, by the Numba counting-table kernel, on this thread's scratch table
+    (kept zeroed between calls, up to :data:`SCRATCH_KEEP` entries). Local."""
+    padded = (int(span) + 7) & ~7
+    scratch = getattr(_SCRATCH, "tables", None)
+    _SCRATCH.tables = None  # taken: a failure inside leaves no dirty table behind
+    if scratch is None or scratch[0].size < padded:
+        scratch = (np.zeros(padded, np.int32), np.zeros(padded, np.uint8))
+    result = kernels().dense_unique(ids, low, span, *scratch)
+    if scratch[0].size <= SCRATCH_KEEP:
+        _SCRATCH.tables = scratch
+    return result

@@ -47,31 +47,43 @@ def min_max(ids):
 
 
 @nb.njit(cache=True, nogil=True)
-def dense_unique(ids, low, span):
+def dense_unique(ids, low, span, slot, seen):
     """Sorted unique ids, inverse and counts via a counting table of ``span``.
 
-    The table is int32 (half the cache footprint); callers keep ``ids.size``
+    ``slot`` (int32, at least ``span``) and ``seen`` (uint8, at least ``span``
+    rounded up to 8) are scratch that must be zero on entry; they are zero
+    again on return, so that they can be kept between calls (a fresh table
+    of this size cost more in page faults than the counting itself). The
+    table is int32 (half the cache footprint); callers keep ``ids.size``
     below 2**31.
     """
-    slot = np.zeros(span, np.int32)
     n = ids.size
     for i in range(n):
-        slot[ids[i] - low] += 1
-    # one pass over the table (it is the larger side): sized for the most ids possible
+        k = ids[i] - low
+        slot[k] += 1
+        seen[k] = 1
     most = min(n, span)
     unique = np.empty(most, np.int64)
     counts = np.empty(most, np.int64)
+    # the table is the larger side: skip its empty stretches 8 entries a load
+    words = seen.view(np.uint64)
     u = 0
-    for k in range(span):
-        c = slot[k]
-        if c != 0:
-            unique[u] = k + low
-            counts[u] = c
-            slot[k] = u
-            u += 1
+    for w in range((span + 7) >> 3):
+        if words[w] != 0:
+            for k in range(w << 3, min((w << 3) + 8, span)):
+                c = slot[k]
+                if c != 0:
+                    unique[u] = k + low
+                    counts[u] = c
+                    slot[k] = u
+                    u += 1
     inverse = np.empty(n, np.int64)
     for i in range(n):
         inverse[i] = slot[ids[i] - low]
+    for j in range(u):
+        k = unique[j] - low
+        slot[k] = 0
+        seen[k] = 0
     return unique[:u], inverse, counts[:u]
 
 

@@ -51,7 +51,7 @@ def _dedup_sum_numba(indices, values):
     low, high = kernels.min_max(indices)
     span = int(high) - int(low) + 1
     if span <= kernels.DENSE_SPAN_FACTOR * n + 1024 and span <= kernels.DENSE_SPAN_LIMIT and n < 2**31:
-        unique, inverse, counts = kernels.dense_unique(indices, low, span)
+        unique, inverse, counts = _numba.dense_unique(indices, low, span)
     else:  # ids spread too thin for a counting table: sort instead
         unique, inverse, counts = np.unique(indices, return_inverse=True, return_counts=True)
         inverse = np.ascontiguousarray(inverse.reshape(-1), dtype=np.int64)

@@ -173,7 +173,7 @@ def _scatter_add_numba(table, ids, values):
         kernels.scatter_add_hashed(table, ids, values, SUM_CHUNK_SHIFT)
         return
     if table.shape[0] <= kernels.DENSE_SPAN_FACTOR * ids.size + 1024 and ids.size < 2**31:
-        unique, inverse, counts = kernels.dense_unique(ids, 0, table.shape[0])
+        unique, inverse, counts = _numba.dense_unique(ids, 0, table.shape[0])
     else:
         unique, inverse, counts = _sorted_unique(ids)
     bounds = kernels.balanced_bounds(counts, 1 if serial else

@@ -99,3 +99,28 @@ def test_import_compiles_nothing():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, cwd=root)
     assert out.stdout.split() == ["False", "False"]
+
+
+def test_the_kept_counting_table_is_zero_between_calls(monkeypatch):
+    """The counting table is kept between calls: each call leaves it zeroed, so a
+    smaller span after a larger one (and the reverse) still gives the reference."""
+    pytest.importorskip("numba")
+    from hpcpax.ops import _numba
+
+    monkeypatch.setattr(_numba, "_SCRATCH", type(_numba._SCRATCH)())
+    rng = np.random.default_rng(5)
+    for span, n in ((50_000, 4000), (300, 2000), (20_000, 3000), (8, 100), (50_001, 4000)):
+        ids = rng.integers(0, span, n) + 7
+        values = rng.standard_normal((n, 3))
+        unique, summed = dedup_sum(ids, values)
+        ref_unique, ref_summed = dedup_sum_reference(ids, values)
+        np.testing.assert_array_equal(unique, ref_unique)
+        np.testing.assert_array_equal(bits(summed), bits(ref_summed))
+        slot, seen = _numba._SCRATCH.tables
+        assert not slot.any() and not seen.any()
+        assert slot.size >= ids.max() - ids.min() + 1 and slot.size % 8 == 0
+    monkeypatch.setattr(_numba, "SCRATCH_KEEP", 1000)
+    _numba._SCRATCH.tables = None
+    ids = rng.integers(0, 5000, 2000)
+    dedup_sum(ids, rng.standard_normal((2000, 2)))
+    assert _numba._SCRATCH.tables is None  # too large to keep
