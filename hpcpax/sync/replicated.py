@@ -197,38 +197,35 @@ def _prepare_many(tables, grads):
                 error = error or exc
             continue
         ids = [np.asarray(grads[n].indices, np.int64) for n in group]
-        bad = _out_of_range(group, ids, [min(grads[n].num_rows, tables[n].spec.rows)
-                                         for n in group])
-        if bad is not None:
-            error = error or bad
+        rows = np.array([tables[n].spec.rows for n in group], np.int64)
+        limits = np.minimum(rows, [grads[n].num_rows for n in group])
+        flat = np.concatenate(ids)
+        # each id's table, and the table's offset in the group's key space
+        owner = np.repeat(np.arange(len(group)), [i.size for i in ids])
+        if flat.size and (int(flat.min()) < 0 or bool((flat >= limits[owner]).any())):
+            error = error or _out_of_range(group, ids, limits)
             continue
-        bases = np.cumsum([0] + [tables[n].spec.rows for n in group])
-        keys = np.concatenate([i + base for i, base in zip(ids, bases)])
-        unique, summed = dedup_sum(keys, np.concatenate([grads[n].values for n in group]))
-        cuts = np.searchsorted(unique, bases)
+        bases = np.zeros(len(group) + 1, np.int64)
+        np.cumsum(rows, out=bases[1:])
+        unique, summed = dedup_sum(flat + bases[owner],
+                                   np.concatenate([grads[n].values for n in group]))
+        cuts = np.searchsorted(unique, bases).tolist()
         finite = bool(np.isfinite(summed).all())
         for k, name in enumerate(group):
-            rows = summed[cuts[k]:cuts[k + 1]]
-            if not finite and not np.isfinite(rows).all():
+            table_rows = summed[cuts[k]:cuts[k + 1]]
+            if not finite and not np.isfinite(table_rows).all():
                 error = error or NonFiniteError(f"{name}: gradient holds NaN or Inf")
                 continue
-            prepared[name] = (unique[cuts[k]:cuts[k + 1]] - bases[k], rows)
+            prepared[name] = (unique[cuts[k]:cuts[k + 1]] - bases[k], table_rows)
     return prepared, error
 
 
 def _out_of_range(names, ids, rows):
     """The :class:`~hpcpax.errors.SparseIndexError` of the first table whose ids
-    leave ``[0, rows)``, or None: one vector check over the group (a check per
-    table cost two reductions apiece)."""
-    flat = np.concatenate(ids)
-    if not flat.size:
-        return None
-    limits = np.repeat(np.asarray(rows, np.int64), [i.size for i in ids])
-    if int(flat.min()) >= 0 and not (flat >= limits).any():
-        return None
+    leave ``[0, rows)`` (the group's one vector check found one)."""
     for name, i, n in zip(names, ids, rows):
         try:
-            check_indices(name, i, n)
+            check_indices(name, i, int(n))
         except SparseIndexError as exc:
             return exc
     return None
