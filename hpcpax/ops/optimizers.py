@@ -224,7 +224,8 @@ def apply_rows_many(updates, check=True) -> None:
     """
     host = []
     for optimizer, param, state, rows, grads in updates:
-        if is_device_array(param) or is_device_array(grads):
+        if (type(param) is not np.ndarray or type(grads) is not np.ndarray) \
+                and (is_device_array(param) or is_device_array(grads)):
             optimizer.apply_rows(param, state, rows, grads)
             continue
         if check:

@@ -38,9 +38,9 @@ class SparseGrad:
         (:class:`~hpcpax.errors.SparseIndexError` for a bad index).
         ``bounds=False`` is for callers that check the range themselves.
         """
-        xp = array_module(self.indices)
-        if array_module(self.values) is not xp:
-            raise TypeError(f"{name}: indices and values must be on the same device")
+        if type(self.indices) is not np.ndarray or type(self.values) is not np.ndarray:
+            if array_module(self.values) is not array_module(self.indices):
+                raise TypeError(f"{name}: indices and values must be on the same device")
         if self.indices.ndim != 1 or self.indices.dtype.kind not in "iu":
             raise TypeError(
                 f"{name}: indices must be a 1-D integer array, not "

@@ -181,7 +181,8 @@ def _prepare_many(tables, grads):
     for name, table in tables.items():
         grad = grads[name]
         try:
-            if is_device_array(grad.indices) or is_device_array(grad.values):
+            if (type(grad.indices) is not np.ndarray or type(grad.values) is not np.ndarray) \
+                    and (is_device_array(grad.indices) or is_device_array(grad.values)):
                 prepared[name] = table._prepare(grad)
                 continue
             grad.validate(name, table.spec.dim, table.spec.dtype, bounds=False)

@@ -54,11 +54,13 @@ class Runtime:
         self.scale = float(self.num_workers) if loss_reduction == "sum" else 1.0
         self.pending = {name: [] for name in tables}
         self._leaves = {}  # {table: (replica array, leaf tensor over it)}
+        self._on_host = {name: info["device"].type == "cpu" for name, info in tables.items()}
         self._read, self._read_rows = {}, {}  # table gradients the script read this step
         #: Every table's workers' mean gradient ``(unique ids, rows)`` (None: no worker
         #: has one), gathered in one exchange at the step's first read of any table's
         #: ``.grad`` and not read yet (a clip reads them all, one after the other).
         self._gathered = {}
+        self._dense_grads = {}  # {table: the tensor a dense table's .grad reads return}
         self._dirty = False
         self._callback_queued = False
         self._handles = []
@@ -116,7 +118,7 @@ class Runtime:
         the plain model does, with no pull; its optimizer writes the same
         memory. None for a table on the servers or on a GPU.
         """
-        if self.tables[name]["device"].type != "cpu":
+        if not self._on_host[name]:
             return None
         replica = getattr(self.sync.sync[name], "replica", None)
         if replica is None:
@@ -283,8 +285,17 @@ class Runtime:
             grad = torch.sparse_coo_tensor(torch.from_numpy(unique)[None], rows,
                                            (info["rows"], info["dim"]), is_coalesced=True)
         else:
-            grad = torch.zeros((info["rows"], info["dim"]), dtype=rows.dtype)
-            grad[torch.from_numpy(unique)] = rows
+            # one tensor per table, zeroed at each step's read (as torch's
+            # zero_grad(set_to_none=False) keeps a Parameter's): a fresh table-sized
+            # tensor each step cost its page faults, ~1 ms for BERT's 20k x 64
+            device = info["device"]
+            grad = self._dense_grads.get(name)
+            if grad is None or grad.dtype != rows.dtype:
+                grad = self._dense_grads[name] = torch.zeros(
+                    (info["rows"], info["dim"]), dtype=rows.dtype, device=device)
+            else:
+                grad.zero_()
+            grad[torch.from_numpy(unique).to(device)] = rows.to(device)
         self._read[name] = grad = grad.to(info["device"])
         self._read_rows[name] = unique
         return grad
@@ -372,11 +383,10 @@ class Runtime:
         xp_ids, values = [], []
         for ids, grad, scale in done:
             if grad.is_sparse:  # one row per occurrence, duplicates summed by the push
-                local = as_array(grad._indices()[0])
-                ids, grad = (local if ids is None else ids[local]), grad._values()
-            grad = as_array(grad if scale == 1.0 else grad * scale)
+                local = _array(grad._indices())[0]  # (index on the array: a torch
+                ids, grad = (local if ids is None else ids[local]), grad._values()  # view costs)
             xp_ids.append(ids)
-            values.append(grad)
+            values.append(_array(grad if scale == 1.0 else grad * scale))
         if len(done) == 1:
             ids, grad = xp_ids[0], values[0]
         else:
@@ -405,3 +415,11 @@ class Runtime:
         if self.prefetch is not None:
             self.prefetch.close()
         self.closed = True
+
+
+def _array(tensor):
+    """:func:`~hpcpax.torch.tensors.as_array` of a tensor that needs no grad, with the
+    host case first (the push converts every table's gradient every step)."""
+    if not tensor.is_cuda:
+        return tensor.numpy()
+    return as_array(tensor)

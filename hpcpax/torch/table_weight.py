@@ -11,7 +11,9 @@ table), and
   workers' **mean** gradient of the step (sparse for a ``sparse=True``
   table, dense otherwise), gathered on first read after the backward pass
   (**collective** over the workers: every worker reads it, as every worker
-  runs the same loop). Whatever the script then does to it in place (a
+  runs the same loop). A dense one is the same tensor every step, zeroed
+  and refilled at the step's first read (as a Parameter's ``.grad`` under
+  ``zero_grad(set_to_none=False)``): clone it to keep a step's values. Whatever the script then does to it in place (a
   clip's scaling, ``clamp_``) is what ``optimizer.step()`` pushes; a dense
   gradient too large for one worker (``HPCPAX_REPLICA_MEMORY``) is refused
   with an error naming the call;

@@ -375,6 +375,54 @@ def test_a_clip_over_several_tables_equals_one_process_in_one_exchange(comm, all
         assert all_ok(ok), servers
 
 
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.timeout(240)
+def test_a_dense_tables_grad_is_one_tensor_refilled_each_step(comm, all_ok):
+    """A ``sparse=False`` table's ``.grad`` read is the same tensor every step, zeroed
+    and refilled: each step's read equals one process's ``.grad``, with nothing left
+    of the rows only an earlier step touched."""
+    def build():
+        torch.manual_seed(0)
+        model = ThreeTables().double()
+        return model, torch.optim.SGD(model.parameters(), lr=0.5)
+
+    g = torch.Generator().manual_seed(9)
+    # step 2 touches rows 30-39 of "words" only, step 1 rows 0-9 only
+    data = [(torch.stack([torch.randint(lo, lo + 10, (BATCH,), generator=g),
+                          torch.randint(0, 25, (BATCH,), generator=g),
+                          torch.randint(0, 30, (BATCH,), generator=g)], dim=1),
+             torch.randn(BATCH, generator=g, dtype=torch.float64)) for lo in (0, 30)]
+
+    def train(model, opt, batches):
+        grads = []
+        for ids, target in batches:
+            opt.zero_grad()
+            ((model(ids) - target) ** 2).mean().backward()
+            grad = model.words.weight.grad
+            grads.append((grad, grad.detach().clone()))
+            opt.step()
+        return grads
+
+    reference, ref_opt = build()
+    expected = [copy for _, copy in train(reference, ref_opt, data)]
+    for servers in layouts(comm):
+        model, opt = build()
+        topology = hpcpax.init(servers_per_node=servers)
+        model, opt, local = hpcpax.torch.distribute(
+            model, opt, data, plan="ps", topology=topology, quiet=True, on_server="return")
+        ok = True
+        try:
+            if topology.is_worker:
+                got = train(model, opt, local)
+                ok = got[0][0] is got[1][0] and not bool(got[1][1][:10].any()) and all(
+                    torch.allclose(copy, want, rtol=1e-12, atol=1e-15)
+                    for (_, copy), want in zip(got, expected))
+        finally:
+            hpcpax.torch.finish()
+            topology.free()
+        assert all_ok(ok), servers
+
+
 # ------------------------------------------------------------------- refusals
 def test_computing_with_a_distributed_table_weight_names_the_table_and_call():
     model, opt = build_words()
