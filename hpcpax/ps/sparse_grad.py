@@ -25,11 +25,18 @@ class SparseGrad:
         indices: 1-D integer array (NumPy or CuPy), duplicates allowed.
         values: 2-D array ``[len(indices), dim]`` on the same device.
         num_rows: number of rows of the variable.
+        agreed: the gradient is already the workers' mean and expected to be the
+            same on every worker (``hpcpax.torch`` sets it for a table whose
+            ``.grad`` the script read, e.g. to clip): a replicated variable then
+            checks that it is (one small allreduce of a hash) and applies it
+            without exchanging it again; where a worker's differs, it is
+            exchanged as usual.
     """
 
     indices: object
     values: object
     num_rows: int
+    agreed: bool = False
 
     def validate(self, name: str, dim: int, dtype, bounds: bool = True) -> None:
         """Check shapes, dtype and (``bounds``) index range; raise naming ``name``.

@@ -17,10 +17,13 @@ storage); :class:`ReplicatedTable` has the PS's ``pull``/``pull_unique``/
 
 from __future__ import annotations
 
+import hashlib
+
 import numpy as np
 
 from ..backend import array_module, is_device_array, to_host
-from ..comm.agreement import agree_input
+from ..comm.agreement import refuse_together, status_of
+from ..comm.polling import wait
 from ..comm.sparse_collectives import allgather_sparse_many, densify_allreduce
 from ..errors import ConfigError, NonFiniteError, SparseIndexError
 from ..ops import dedup_sum
@@ -141,8 +144,10 @@ def push_many(tables, grads) -> bool:
                              [n for n in names if method_of(tables[n].method).densified])
         apply_rows_many([tables[n]._update(*prepared[n]) for n in names], check=False)
         return True
-    agree_input(topology.workers, error, f"push of {', '.join(map(repr, names))}",
-                labels=list(topology.worker_ranks))
+    same = _agree(topology, names, grads, prepared, error)
+    if same:  # every worker holds this mean already: nothing to exchange
+        apply_rows_many([tables[n].shard.update(*prepared[n]) for n in same], check=False)
+        names = [n for n in names if n not in same]
     gathered = [n for n in names if method_of(tables[n].method).gathers]
     if gathered:
         results = allgather_sparse_many(topology, gathered, [prepared[n][0] for n in gathered],
@@ -155,6 +160,35 @@ def push_many(tables, grads) -> bool:
             tables[name]._apply(*densify_allreduce(topology, name, ids, values,
                                                    tables[name].spec.rows))
     return True
+
+
+def _agree(topology, names, grads, prepared, error) -> set:
+    """Raise on every worker if any worker's gradients were bad
+    (:func:`~hpcpax.comm.agreement.refuse_together`); else the ``names`` whose
+    gradient is marked ``agreed`` on every worker and whose deduplicated
+    ``(ids, rows)`` are bit for bit the same on every worker (a 63-bit hash
+    of each, -1 where not marked). **Collective** over the workers: one
+    ``allgather`` of the status and the hashes (every worker passes the same
+    names)."""
+    from mpi4py import MPI
+
+    mine = np.full(1 + len(names), -1, np.int64)
+    mine[0] = status_of(error)
+    if error is None:
+        for k, name in enumerate(names):
+            if grads[name].agreed:
+                digest = hashlib.blake2b(digest_size=8)
+                for array in prepared[name]:
+                    digest.update(np.ascontiguousarray(array).view(np.uint8))
+                mine[1 + k] = int.from_bytes(digest.digest(), "little") >> 1
+    comm = topology.workers
+    everyone = np.empty((comm.Get_size(), mine.size), np.int64)
+    wait([comm.Iallgather([mine, MPI.INT64_T], [everyone, MPI.INT64_T])])
+    refuse_together(comm, everyone[:, 0], list(topology.worker_ranks), error,
+                    f"push of {', '.join(map(repr, names))}")
+    first = everyone[0, 1:]
+    return {name for name, agreed in zip(names, (first >= 0) & (everyone[:, 1:] == first).all(0))
+            if agreed}
 
 
 def _count_nothing_moved(topology, gathered, reduced) -> None:

@@ -26,6 +26,7 @@ from ..comm.sparse_collectives import allgather_sparse_many
 from ..errors import ConfigError
 from ..ops import dedup_sum
 from ..options import format_bytes, options
+from ..ps.sparse_grad import SparseGrad
 from .table_weight import caller
 from .tensors import as_array, as_tensor
 
@@ -353,7 +354,10 @@ class Runtime:
             done = [(ids, rows.grad, scale) for ids, rows, scale in entries
                     if rows.grad is not None]
             if name in self._read:
-                grads[name] = self._read_gradient(name)
+                # what the script read: the workers' mean, the same on every worker
+                # unless the script changed it unevenly (the push checks)
+                grads[name] = SparseGrad(*self._read_gradient(name), self.tables[name]["rows"],
+                                         agreed=True)
             elif done:
                 grads[name] = self._table_gradient(name, done)
             for ids, rows, _ in entries:

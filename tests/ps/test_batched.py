@@ -409,3 +409,49 @@ def test_replicated_push_bounds_ids_by_the_table_not_the_gradients_num_rows(comm
         assert all(np.array_equal(before[n], t.table) for n, t in tables.items())
     finally:
         topo.free()
+
+
+@pytest.mark.mpi(min_size=1)
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("uneven", [False, True])
+def test_an_agreed_gradient_the_same_everywhere_is_applied_without_an_exchange(
+        comm, monkeypatch, uneven):
+    """Gradients marked ``agreed`` (the workers' mean, read through ``.grad``) that are
+    bit for bit the same on every worker are applied as they are, with no exchange;
+    one that differs on a worker (``uneven``) is exchanged as an unmarked one is."""
+    from hpcpax.sync import replicated
+    from hpcpax.sync.replicated import ReplicatedTable, push_many
+
+    exchanged = []
+    gather = replicated.allgather_sparse_many
+    monkeypatch.setattr(replicated, "allgather_sparse_many",
+                        lambda topology, names, *rest: exchanged.append(list(names))
+                        or gather(topology, names, *rest))
+    topo = hpcpax.init(servers_per_node=0)
+    alone = hpcpax.init(comm=MPI.COMM_SELF, servers_per_node=0)
+    try:
+        marked = {s.name: ReplicatedTable(topo, s, "allgather", seed=3) for s in SAME_WIDTH}
+        plain = {s.name: ReplicatedTable(topo, s, "allgather", seed=3) for s in SAME_WIDTH}
+        one = {s.name: ReplicatedTable(alone, s, "allgather", seed=3) for s in SAME_WIDTH}
+        workers = topo.num_workers
+        for step in range(STEPS):
+            grads = {s.name: step_grad(s, 0, step) for s in SAME_WIDTH}  # every worker's
+            if uneven and workers > 1 and topo.worker_index == workers - 1:
+                grads["x"] = step_grad(SAME_WIDTH[0], 1, step)
+            exchanged.clear()
+            push_many(marked, {n: SparseGrad(g.indices, g.values, g.num_rows, agreed=n != "y")
+                               for n, g in grads.items()})
+            expect = (["y"] if not uneven else ["x", "y"]) if workers > 1 else []
+            assert exchanged == ([expect] if expect else [])
+            push_many(plain, grads)
+            push_many(one, {n: step_grad(s, 0, step) for n, s in zip(grads, SAME_WIDTH)})
+        everyone = comm.allgather({n: t.table for n, t in marked.items()})
+        for name in marked:
+            assert all(np.array_equal(other[name], marked[name].table) for other in everyone)
+            if name == "x" and uneven and workers > 1:  # exchanged: the workers' mean
+                assert np.array_equal(marked[name].table, plain[name].table)
+            elif name != "y":  # applied as it is: one worker's own update
+                assert np.array_equal(marked[name].table, one[name].table)
+    finally:
+        alone.free()
+        topo.free()
