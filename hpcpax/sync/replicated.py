@@ -130,7 +130,10 @@ def push_many(tables, grads) -> bool:
     (:func:`~hpcpax.comm.agreement.agree_input`). The ``allgather`` tables
     then travel in one :func:`~hpcpax.comm.sparse_collectives.allgather_sparse_many`;
     ``allreduce`` tables are densified and allreduced one by one. The result
-    equals pushing each table alone, bit for bit.
+    equals pushing each table alone, bit for bit. A gradient marked
+    :attr:`~hpcpax.ps.sparse_grad.SparseGrad.agreed` that is the same on every
+    worker (hashes compared in the status exchange) is applied as it is, with
+    no exchange (the mean of equal gradients is the gradient).
     """
     names = list(tables)
     if not names:
