@@ -127,7 +127,7 @@ def push_many(tables, grads) -> bool:
     ``tables`` maps names to :class:`ReplicatedTable`, ``grads`` the same
     names to :class:`~hpcpax.ps.sparse_grad.SparseGrad`. Every gradient is
     checked first; a bad one raises on every worker before anything moves
-    (:func:`~hpcpax.comm.agreement.agree_input`). The ``allgather`` tables
+    (:func:`~hpcpax.comm.agreement.refuse_together`). The ``allgather`` tables
     then travel in one :func:`~hpcpax.comm.sparse_collectives.allgather_sparse_many`;
     ``allreduce`` tables are densified and allreduced one by one. The result
     equals pushing each table alone, bit for bit. A gradient marked

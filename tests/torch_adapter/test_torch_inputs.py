@@ -304,6 +304,25 @@ def test_a_recurrent_model_with_carried_state_and_clipping_equals_one_process(
         assert all_ok(ok), servers
 
 
+def on_each_layout(comm, all_ok, build, data, check):
+    """For each layout of :func:`layouts`: distribute a fresh ``build()`` (plan
+    ``ps``) over ``data``; every worker's ``check(model, opt, local, topology)``
+    must return True (on every rank)."""
+    for servers in layouts(comm):
+        model, opt = build()
+        topology = hpcpax.init(servers_per_node=servers)
+        model, opt, local = hpcpax.torch.distribute(
+            model, opt, data, plan="ps", topology=topology, quiet=True, on_server="return")
+        ok = True
+        try:
+            if topology.is_worker:
+                ok = check(model, opt, local, topology)
+        finally:
+            hpcpax.torch.finish()
+            topology.free()
+        assert all_ok(ok), servers
+
+
 class ThreeTables(nn.Module):
     """Three ``sparse=False`` tables of two widths and a head, summed per sample."""
 
@@ -354,25 +373,14 @@ def test_a_clip_over_several_tables_equals_one_process_in_one_exchange(comm, all
     reference, ref_opt = build()
     train(reference, ref_opt, data)
     expected = state(reference)
-    for servers in layouts(comm):
+    def check(model, opt, local, topology):
         calls.clear()
-        model, opt = build()
-        topology = hpcpax.init(servers_per_node=servers)
-        model, opt, local = hpcpax.torch.distribute(
-            model, opt, data, plan="ps", topology=topology, quiet=True, on_server="return")
-        ok = True
-        try:
-            if topology.is_worker:
-                train(model, opt, local)
-                ok = close(expected, state(model))
-                workers = topology.num_workers
-                # one gather of the three tables per step with several workers, none alone
-                ok = ok and calls == ([["words", "places", "kinds"]] * len(data)
-                                      if workers > 1 else [])
-        finally:
-            hpcpax.torch.finish()
-            topology.free()
-        assert all_ok(ok), servers
+        train(model, opt, local)
+        # one gather of the three tables per step with several workers, none alone
+        return close(expected, state(model)) and calls == (
+            [["words", "places", "kinds"]] * len(data) if topology.num_workers > 1 else [])
+
+    on_each_layout(comm, all_ok, build, data, check)
 
 
 @pytest.mark.mpi(min_size=1)
@@ -405,22 +413,13 @@ def test_a_dense_tables_grad_is_one_tensor_refilled_each_step(comm, all_ok):
 
     reference, ref_opt = build()
     expected = [copy for _, copy in train(reference, ref_opt, data)]
-    for servers in layouts(comm):
-        model, opt = build()
-        topology = hpcpax.init(servers_per_node=servers)
-        model, opt, local = hpcpax.torch.distribute(
-            model, opt, data, plan="ps", topology=topology, quiet=True, on_server="return")
-        ok = True
-        try:
-            if topology.is_worker:
-                got = train(model, opt, local)
-                ok = got[0][0] is got[1][0] and not bool(got[1][1][:10].any()) and all(
-                    torch.allclose(copy, want, rtol=1e-12, atol=1e-15)
-                    for (_, copy), want in zip(got, expected))
-        finally:
-            hpcpax.torch.finish()
-            topology.free()
-        assert all_ok(ok), servers
+    def check(model, opt, local, topology):
+        got = train(model, opt, local)
+        return got[0][0] is got[1][0] and not bool(got[1][1][:10].any()) and all(
+            torch.allclose(copy, want, rtol=1e-12, atol=1e-15)
+            for (_, copy), want in zip(got, expected))
+
+    on_each_layout(comm, all_ok, build, data, check)
 
 
 # ------------------------------------------------------------------- refusals
