@@ -89,8 +89,11 @@ def _same_args(data, key) -> bool:
 def _locked(dispatcher, cache):
     """Hold the cache directory's lock (re-entrant within a thread: compiling a
     kernel compiles the kernels it calls)."""
-    import fcntl  # noqa: PLC0415  (POSIX only; see the fallback below)
-
+    try:
+        import fcntl  # noqa: PLC0415  (POSIX only)
+    except ImportError:  # no flock here: Numba's own, unlocked cache
+        yield
+        return
     held = getattr(_HELD, "paths", None)
     if held is None:
         held = _HELD.paths = set()

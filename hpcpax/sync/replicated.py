@@ -24,6 +24,7 @@ import numpy as np
 from ..backend import array_module, is_device_array, to_host
 from ..comm.agreement import refuse_together, status_of
 from ..comm.polling import wait
+from ..comm.reductions import start_allgather
 from ..comm.sparse_collectives import allgather_sparse_many, densify_allreduce
 from ..errors import ConfigError, NonFiniteError, SparseIndexError
 from ..ops import dedup_sum
@@ -173,8 +174,6 @@ def _agree(topology, names, grads, prepared, error) -> set:
     of each, -1 where not marked). **Collective** over the workers: one
     ``allgather`` of the status and the hashes (every worker passes the same
     names)."""
-    from mpi4py import MPI
-
     mine = np.full(1 + len(names), -1, np.int64)
     mine[0] = status_of(error)
     if error is None:
@@ -186,7 +185,7 @@ def _agree(topology, names, grads, prepared, error) -> set:
                 mine[1 + k] = int.from_bytes(digest.digest(), "little") >> 1
     comm = topology.workers
     everyone = np.empty((comm.Get_size(), mine.size), np.int64)
-    wait([comm.Iallgather([mine, MPI.INT64_T], [everyone, MPI.INT64_T])])
+    wait([start_allgather(comm, mine, everyone)])
     refuse_together(comm, everyone[:, 0], list(topology.worker_ranks), error,
                     f"push of {', '.join(map(repr, names))}")
     first = everyone[0, 1:]
