@@ -387,10 +387,10 @@ class Runtime:
         xp_ids, values = [], []
         for ids, grad, scale in done:
             if grad.is_sparse:  # one row per occurrence, duplicates summed by the push
-                local = _array(grad._indices())[0]  # (index on the array: a torch
+                local = as_array(grad._indices())[0]  # (index on the array: a torch
                 ids, grad = (local if ids is None else ids[local]), grad._values()  # view costs)
             xp_ids.append(ids)
-            values.append(_array(grad if scale == 1.0 else grad * scale))
+            values.append(as_array(grad if scale == 1.0 else grad * scale))
         if len(done) == 1:
             ids, grad = xp_ids[0], values[0]
         else:
@@ -420,10 +420,3 @@ class Runtime:
             self.prefetch.close()
         self.closed = True
 
-
-def _array(tensor):
-    """:func:`~hpcpax.torch.tensors.as_array` of a tensor that needs no grad, with the
-    host case first (the push converts every table's gradient every step)."""
-    if not tensor.is_cuda:
-        return tensor.numpy()
-    return as_array(tensor)

@@ -27,6 +27,8 @@ def numpy_dtype(dtype) -> np.dtype:
 
 def as_array(tensor):
     """A NumPy (CPU) or CuPy (CUDA) array sharing ``tensor``'s memory."""
+    if tensor.is_cpu and not tensor.requires_grad:  # the push converts every table's
+        return tensor.numpy()                       # gradient every step: no detach
     tensor = tensor.detach()
     if tensor.device.type == "cpu":
         return tensor.numpy()

@@ -291,18 +291,15 @@ def test_replicated_allgather_batch_equals_one_by_one(comm, rpn):
 @pytest.mark.mpi(min_size=2)
 @pytest.mark.timeout(60)
 def test_replicated_batch_with_a_bad_gradient_raises_everywhere(comm):
-    from hpcpax.sync.replicated import ReplicatedTable, push_many
+    from hpcpax.sync.replicated import ReplicatedTable
 
     topo = hpcpax.init(servers_per_node=0)
     try:
         tables = {s.name: ReplicatedTable(topo, s, "allgather") for s in SPECS}
-        before = {n: t.table.copy() for n, t in tables.items()}
         grads = {s.name: step_grad(s, topo.worker_index, 0) for s in SPECS}
         if topo.rank == 1:
             grads["b"] = SparseGrad(np.array([0]), np.full((1, 5), np.nan, np.float32), 40)
-        with pytest.raises((ValueError, FloatingPointError)):
-            push_many(tables, grads)
-        assert all(np.array_equal(before[n], t.table) for n, t in tables.items())
+        assert_refused_unchanged(tables, grads, (ValueError, FloatingPointError))
     finally:
         topo.free()
 
@@ -336,6 +333,17 @@ def test_alltoallv_many_equals_a_pickled_alltoall_reference(comm):
             want = np.concatenate([incoming[s][k][j] for s in range(size)])
             assert a.dtype == want.dtype and a.shape == want.shape and np.array_equal(a, want)
             assert b.dtype == want.dtype and np.array_equal(b, want)
+
+
+def assert_refused_unchanged(tables, grads, error, match=None):
+    """``push_many(tables, grads)`` raises ``error`` (matching ``match``) and no table
+    changes."""
+    from hpcpax.sync.replicated import push_many
+
+    before = {n: t.table.copy() for n, t in tables.items()}
+    with pytest.raises(error, match=match):
+        push_many(tables, grads)
+    assert all(np.array_equal(before[n], t.table) for n, t in tables.items())
 
 
 SAME_WIDTH = [SparseVariableSpec(n, rows=r, dim=4, dtype="float32", optimizer=o,
@@ -373,18 +381,15 @@ def test_replicated_tables_of_one_width_pushed_together_equal_one_by_one(comm):
 def test_replicated_group_with_an_id_out_of_range_names_its_table(comm, bad):
     """An id past table y's 7 rows (or negative) in a group of one width: the
     error names y on every worker, and no table changes."""
-    from hpcpax.sync.replicated import ReplicatedTable, push_many
+    from hpcpax.sync.replicated import ReplicatedTable
 
     topo = hpcpax.init(servers_per_node=0)
     try:
         tables = {s.name: ReplicatedTable(topo, s, "allgather") for s in SAME_WIDTH}
-        before = {n: t.table.copy() for n, t in tables.items()}
         grads = {s.name: step_grad(s, topo.worker_index, 0) for s in SAME_WIDTH}
         if topo.worker_index == topo.num_workers - 1:
             grads["y"] = SparseGrad(np.array([0, bad]), np.ones((2, 4), np.float32), 7)
-        with pytest.raises(SparseIndexError, match=f"y: index {bad} is"):
-            push_many(tables, grads)
-        assert all(np.array_equal(before[n], t.table) for n, t in tables.items())
+        assert_refused_unchanged(tables, grads, SparseIndexError, f"y: index {bad} is")
     finally:
         topo.free()
 
@@ -395,18 +400,16 @@ def test_replicated_group_with_an_id_out_of_range_names_its_table(comm, bad):
 def test_replicated_push_bounds_ids_by_the_table_not_the_gradients_num_rows(comm, names):
     """A SparseGrad claiming more rows than table y holds: an id past y's 7 rows is
     refused (the row updates trust the ids), alone or in a group of one width."""
-    from hpcpax.sync.replicated import ReplicatedTable, push_many
+    from hpcpax.sync.replicated import ReplicatedTable
 
     topo = hpcpax.init(servers_per_node=0)
     try:
         specs = [s for s in SAME_WIDTH if s.name in names]
         tables = {s.name: ReplicatedTable(topo, s, "allgather") for s in specs}
-        before = {n: t.table.copy() for n, t in tables.items()}
         grads = {s.name: step_grad(s, topo.worker_index, 0) for s in specs}
         grads["y"] = SparseGrad(np.array([0, 7]), np.ones((2, 4), np.float32), 1000)
-        with pytest.raises(SparseIndexError, match="y: index 7 is out of range for 7 rows"):
-            push_many(tables, grads)
-        assert all(np.array_equal(before[n], t.table) for n, t in tables.items())
+        assert_refused_unchanged(tables, grads, SparseIndexError,
+                                 "y: index 7 is out of range for 7 rows")
     finally:
         topo.free()
 
