@@ -24,18 +24,24 @@ multiplied by ``D``; every time ``metrics.jsonl`` and ``summary.json``
 report (step and phase seconds, samples/s, ``train_seconds``) is divided by
 ``D`` again, so results are in undilated units (``time_dilation`` says
 which ``D``); ``wall_seconds``, CPU seconds and ``cpu_busy`` stay real.
+Waits are dilated too (:func:`dilated_waits`): a waiting rank's longest
+sleep between two polls (``hpcpax.options.poll_seconds``) becomes ``D``
+times longer, so polling costs the same CPU per undilated second and the
+same latency in undilated units as on the real cluster.
 """
 
 from __future__ import annotations
 
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
 
 from ..errors import ConfigError
 
-__all__ = ["ComputeModel", "parse_emulate_compute", "EmulatedCompute", "GRAD_VALUE"]
+__all__ = ["ComputeModel", "parse_emulate_compute", "EmulatedCompute", "GRAD_VALUE",
+           "dilated_waits"]
 
 #: Every value of an emulated gradient (sparse rows and dense tensors).
 GRAD_VALUE = 1e-6
@@ -65,6 +71,28 @@ class ComputeModel:
         """For ``summary.json`` and the metrics."""
         return {"fixed_s": self.fixed_s, "per_sample_s": self.per_sample_s,
                 "time_dilation": self.dilation, "source": self.source}
+
+
+@contextmanager
+def dilated_waits(dilation):
+    """Within the block, ``hpcpax.options.poll_seconds`` is ``dilation`` times its value.
+
+    Only where the poll cap is the default: one set in code or in
+    ``HPCPAX_POLL_SECONDS`` is the user's and is kept. Restored on exit.
+    Without it, a rank polls up to 1000 times per *dilated* second, so its
+    polling CPU grows ``D``-fold per undilated second of the run and
+    dilation cannot bring a busy emulated cluster under one core per node.
+    """
+    from ..options import options
+
+    if dilation == 1 or options.source("poll_seconds") != "default":
+        yield
+        return
+    options.poll_seconds = options.poll_seconds * float(dilation)
+    try:
+        yield
+    finally:
+        del options.poll_seconds
 
 
 def parse_emulate_compute(spec, dilation=1.0) -> ComputeModel | None:

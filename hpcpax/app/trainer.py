@@ -33,6 +33,7 @@ from ..comm.agreement import check_same
 from ..comm.watchdog import Watchdog
 from ..engine import EngineSettings, build_engine, resolve_plan
 from ..runlog.records import record_run
+from ..options import options
 from ..ps.memory import table_report
 from . import build, relaxed_run
 from .balance import BatchBalancer
@@ -41,7 +42,7 @@ from .run_checkpoints import RunCheckpoints
 from .config import resolve
 from .datasets import build_model, check_full_eval_memory, check_synthetic_memory, open_data
 from .device_choice import worker_device
-from .emulation import EmulatedCompute, parse_emulate_compute
+from .emulation import EmulatedCompute, dilated_waits, parse_emulate_compute
 from .evaluation import evaluate
 from .loop import TrainingLoop
 from .metrics import MetricsWriter, ProgressBar, json_safe, read_metrics, write_json
@@ -142,7 +143,8 @@ class Trainer:
         try:
             # installed once MPI is up (MPI_Init replaces signal handlers), for the whole run:
             # a signal during set-up is honoured at the first step boundary
-            with PreemptionHandler() as self.preemption:
+            with PreemptionHandler() as self.preemption, \
+                    dilated_waits(config["time_dilation"]):
                 self.summary = self._run()
             return self.summary
         finally:
@@ -399,6 +401,7 @@ class Trainer:
         summary["tables"] = self.tables
         summary["startup_seconds"] = {k: round(v, 4) for k, v in self.startup.items()}
         summary["time_dilation"] = self.config["time_dilation"]
+        summary["wait"] = {"policy": options.wait, "poll_seconds": options.poll_seconds}
         summary["emulated_compute"] = (self.emulated.compute.to_dict()
                                        if self.emulated is not None else None)
         write_json(os.path.join(self.run_dir, "summary.json"), summary)

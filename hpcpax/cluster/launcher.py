@@ -14,6 +14,13 @@ other namespaces of the same machine through shared memory unless it is told
 not to; :data:`TRANSPORT_ENV` (TCP only, over ``eth0``) makes inter-node
 traffic cross the shaped links, while ranks inside one node keep MPICH's own
 shared memory. The launcher sets it for the ranks it starts.
+
+It also turns off UCX's rendezvous protocol (``UCX_RNDV_THRESH=inf``: every
+message goes eagerly). Over the ``tcp`` transport on shaped links, a
+rendezvous under load now and then stalls for about 1.3 s: 4 of 16 loaded
+exchanges stalled with it, 0 of 16 without, in the same run; plain TCP
+sockets never stall (``docs/measurements.md``, 2026-12-06). Those stalls are this emulation's, not a cluster's: on
+InfiniBand, rendezvous is UCX's RDMA path and stays on.
 """
 
 from __future__ import annotations
@@ -31,7 +38,7 @@ __all__ = ["TRANSPORT_ENV", "write_launcher", "mpirun_argv", "mpirun_env", "find
            "node_argv"]
 
 #: What the ranks need so that inter-node MPI traffic crosses the shaped links.
-TRANSPORT_ENV = {"UCX_TLS": "tcp,self", "UCX_NET_DEVICES": "eth0"}
+TRANSPORT_ENV = {"UCX_TLS": "tcp,self", "UCX_NET_DEVICES": "eth0", "UCX_RNDV_THRESH": "inf"}
 
 _SCRIPT = """#!/bin/sh
 # hpcpax emulated cluster {prefix!r}: an ssh stand-in for MPICH's hydra

@@ -13,7 +13,9 @@ import time
 import numpy as np
 import pytest
 
-from hpcpax.app.emulation import GRAD_VALUE, ComputeModel, EmulatedCompute, parse_emulate_compute
+from hpcpax.app.emulation import (GRAD_VALUE, ComputeModel, EmulatedCompute, dilated_waits,
+                                  parse_emulate_compute)
+from hpcpax.options import options
 from hpcpax.errors import ConfigError
 
 
@@ -94,6 +96,27 @@ def test_a_dilated_run_reports_undilated_times(tmp_path):
     assert summary["train_seconds"] * d == pytest.approx(real, rel=0.2)
     batch = lines[0]["samples_per_s"] * lines[0]["seconds"]
     assert all(line["samples_per_s"] * line["seconds"] == pytest.approx(batch) for line in lines)
+    # waits were dilated as well (the default 1 ms poll cap x D), and restored after the run
+    assert summary["wait"]["poll_seconds"] == pytest.approx(0.001 * d)
+    assert options.poll_seconds == 0.001 and options.source("poll_seconds") == "default"
+
+
+def test_dilated_waits_keep_a_cap_the_user_set(monkeypatch):
+    monkeypatch.delenv("HPCPAX_POLL_SECONDS", raising=False)
+    with dilated_waits(8.0):
+        assert options.poll_seconds == pytest.approx(0.008)
+    with dilated_waits(1.0):
+        assert options.poll_seconds == 0.001 and options.source("poll_seconds") == "default"
+    options.poll_seconds = 0.0002
+    try:
+        with dilated_waits(8.0):
+            assert options.poll_seconds == 0.0002
+    finally:
+        del options.poll_seconds
+    monkeypatch.setenv("HPCPAX_POLL_SECONDS", "0.003")
+    with dilated_waits(8.0):
+        assert options.poll_seconds == 0.003
+    assert options.source("poll_seconds") == "environment"
 
 
 @pytest.mark.mpi(min_size=2)
