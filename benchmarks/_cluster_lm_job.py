@@ -133,6 +133,9 @@ def read_run(run_dir, args, method):
                                                if k not in comm_phases) for r in rows]),
         "seconds_by_phase": {p: _common.median([r["time"][p] for r in rows])
                              for p in rows[0]["time"]},
+        # all workers' CPU seconds in each phase (real, not divided by the dilation)
+        "cpu_seconds_by_phase": {p: _common.median([r["cpu_by_phase"][p] for r in rows])
+                                 for p in rows[0].get("cpu_by_phase", {})},
         "offnode_bytes_per_step": float(np.mean([sum(b.get("sent_inter", 0) for b in
                                                      r["bytes"].values()) for r in rows])),
         "bytes_per_step": float(np.mean([sum(b.get("sent", 0) for b in r["bytes"].values())

@@ -128,6 +128,7 @@ def per_nodes(jobs, limit):
             "offnode_vs_predicted": [round(c / p, 6) for c, p in zip(counted, predicted) if p],
             "hot_rows_trial": runs[-1].get("hot_rows_trial"),
             "seconds_by_phase": runs[-1]["seconds_by_phase"],
+            "cpu_seconds_by_phase": runs[-1].get("cpu_seconds_by_phase"),
             "startup_seconds": runs[-1].get("startup_seconds")})
     return out
 

@@ -170,7 +170,7 @@ OPTIONS = (
            "(inside MPI, which busy-polls a core: for nodes with a spare core per rank)"),
     Option("poll_seconds", _seconds, 0.001,
            "longest sleep of a waiting rank between two polls (the backoff cap: latency "
-           "against idle CPU)"),
+           "against idle CPU; x D in a run with --time-dilation D)"),
     Option("server_poll_seconds", _seconds, None,
            "BSP parameter server: longest sleep of a server rank waiting for the workers' "
            "next operation (0: wait inside MPI, which busy-polls a core; default: as "

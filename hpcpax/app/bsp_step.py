@@ -100,13 +100,14 @@ class BSPSteps:
         for name, param in t.dense.items():
             t.optimizer.apply_dense(param, t.dense_state[name], done.dense[name])
         lap("optimizer")
-        loss, stop, mean_times, cumulative, cpu = reduce_step(
+        loss, stop, mean_times, cumulative, cpu, cpu_phases = reduce_step(
             t.topology, done.loss, done.local_batch, times, t.preemption.requested,
-            time.process_time() - cpu_began)
+            time.process_time() - cpu_began, clock.cpu)
         seconds = time.perf_counter() - began
         return StepFigures(step, began, times, done.local_batch, seconds, loss,
                            extra={"stop": stop, "mean_times": mean_times,
-                                  "cumulative": cumulative, "cpu": cpu})
+                                  "cumulative": cumulative, "cpu": cpu,
+                                  "cpu_phases": cpu_phases})
 
     def record(self, figures) -> None:
         """Metrics, evaluation and checkpoint of a step; a stop on a preemption signal.
@@ -121,7 +122,8 @@ class BSPSteps:
         self._previous = cumulative
         record = step_record(step, figures.loss, figures.seconds, config["global_batch"],
                              extra["mean_times"], delta, extra["cpu"],
-                             dilation=config["time_dilation"])
+                             dilation=config["time_dilation"],
+                             cpu_phases=extra["cpu_phases"])
         if t.emulated is not None:
             record["emulated"] = True
         self.metrics.write(record)

@@ -29,23 +29,27 @@ _BYTE_FIELDS = ("sent_bytes", "recv_bytes", "sent_inter_bytes", "recv_inter_byte
 
 
 class PhaseClock:
-    """Wall seconds per phase of one step: :meth:`lap` charges the time since the
-    previous lap (or the start) to a phase.
+    """Wall and CPU seconds per phase of one step: :meth:`lap` charges the time
+    since the previous lap (or the start) to a phase.
 
     Attributes:
         times: ``{phase: seconds}``, every phase of ``phases`` starting at 0.
+        cpu: ``{phase: CPU seconds}`` of this process (all its threads), the same way.
         began: ``time.perf_counter()`` at the start.
     """
 
     def __init__(self, phases):
         self.times = dict.fromkeys(phases, 0.0)
+        self.cpu = dict.fromkeys(phases, 0.0)
         self.began = self._clock = time.perf_counter()
+        self._cpu_clock = time.process_time()
 
     def lap(self, phase) -> None:
         """Charge the seconds since the previous lap to ``phase``."""
-        now = time.perf_counter()
+        now, cpu = time.perf_counter(), time.process_time()
         self.times[phase] += now - self._clock
-        self._clock = now
+        self.cpu[phase] = self.cpu.get(phase, 0.0) + cpu - self._cpu_clock
+        self._clock, self._cpu_clock = now, cpu
 
 
 class Computed:
@@ -86,16 +90,18 @@ def compute_step(trainer, rows, batch, position, step, clock) -> Computed:
     return Computed(result.loss, local_batch, sparse, dense, result.dense_grads)
 
 
-def reduce_step(topology, loss, local_batch, times, flag, cpu_seconds=0.0) -> tuple:
+def reduce_step(topology, loss, local_batch, times, flag, cpu_seconds=0.0,
+                cpu_times=None) -> tuple:
     """``(mean loss, any flag, mean phase seconds, cumulative bytes, CPU seconds per
-    worker)``.
+    worker, CPU seconds per phase summed over the workers)``.
 
     **Collective** over the workers: one ``Allreduce`` of a small vector.
     The cumulative bytes are one flat vector, every phase's fields of
     :data:`BYTE_PHASES` then the owners' counters
     (:data:`~hpcpax.comm.accounting.OWNER_FIELDS`); :func:`step_record`
     reads it. ``cpu_seconds``: this worker's CPU time in the step (all its
-    threads), returned for every worker in worker order.
+    threads), returned for every worker in worker order. ``cpu_times``:
+    this worker's CPU seconds per phase (:attr:`PhaseClock.cpu`; None: 0).
     """
     from ..comm.reductions import start_sum_in_place
 
@@ -105,6 +111,7 @@ def reduce_step(topology, loss, local_batch, times, flag, cpu_seconds=0.0) -> tu
     cpu[topology.worker_index] = float(cpu_seconds)
     vector = [loss * local_batch, local_batch, float(flag)] + cpu
     vector += [times[p] for p in TIME_PHASES]
+    vector += [float((cpu_times or {}).get(p, 0.0)) for p in TIME_PHASES]
     for phase in BYTE_PHASES:
         entry = acct.phase(phase)
         vector += [float(entry[f]) for f in _BYTE_FIELDS]
@@ -113,12 +120,13 @@ def reduce_step(topology, loss, local_batch, times, flag, cpu_seconds=0.0) -> tu
     wait([start_sum_in_place(topology.workers, vector)])
     k, head = len(TIME_PHASES), 3 + n
     mean_times = {p: vector[head + i] / n for i, p in enumerate(TIME_PHASES)}
-    return (vector[0] / vector[1], vector[2] > 0, mean_times, vector[head + k:],
-            vector[3:head].tolist())
+    cpu_phases = {p: vector[head + k + i] for i, p in enumerate(TIME_PHASES)}
+    return (vector[0] / vector[1], vector[2] > 0, mean_times, vector[head + 2 * k:],
+            vector[3:head].tolist(), cpu_phases)
 
 
 def step_record(step, loss, seconds, global_batch, times, delta, cpu_seconds=None,
-                dilation=1.0) -> dict:
+                dilation=1.0, cpu_phases=None) -> dict:
     """The ``metrics.jsonl`` line of one step (``delta``: this step's bytes, as
     :func:`reduce_step` returns them).
 
@@ -129,6 +137,10 @@ def step_record(step, loss, seconds, global_batch, times, delta, cpu_seconds=Non
     ``cpu_seconds``: each worker's CPU seconds in the step (worker order), with
     ``cpu_busy`` (CPU seconds over the step's wall seconds, per worker): a
     worker near 1 computes or spins, one near 0 waits without holding a core.
+    ``cpu_phases``: per phase, the CPU seconds of all workers together
+    (``cpu_by_phase``, as measured, not divided by ``D``): beside the
+    phase's wall seconds x cores it shows when the workers' CPU work in one
+    phase outgrows the host's cores.
 
     ``bytes``: per phase, what the workers sent and received (``_inter``: to
     or from another node). ``owner`` (only when parameter-server owners moved
@@ -152,6 +164,8 @@ def step_record(step, loss, seconds, global_batch, times, delta, cpu_seconds=Non
     if cpu_seconds is not None:
         record["cpu_seconds"] = [round(c, 6) for c in cpu_seconds]
         record["cpu_busy"] = [round(c / real, 4) for c in cpu_seconds]
+    if cpu_phases is not None:
+        record["cpu_by_phase"] = {p: round(c, 6) for p, c in cpu_phases.items()}
     return record
 
 

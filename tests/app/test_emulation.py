@@ -78,6 +78,9 @@ def test_an_emulated_run_holds_no_cpu_while_it_computes(tmp_path):
     assert all(line["loss"] == 0.0 for line in lines)
     for line in lines[1:]:  # the first step warms up
         assert line["time"]["compute"] >= 0.25
+        # the emulated compute's CPU seconds, all workers together, are a small part of it
+        assert set(line["cpu_by_phase"]) == set(line["time"])
+        assert line["cpu_by_phase"]["compute"] < 0.1, line
         assert line["cpu_busy"][0] < 0.5, line  # a real step here is all CPU
     assert summary["emulated_compute"]["fixed_s"] == 0.25
     assert summary["startup_seconds"]["total"] >= summary["startup_seconds"]["engine"] > 0
