@@ -4,7 +4,8 @@ Node I is the network namespace ``<prefix>I``: its ``eth0`` is one end of a
 veth pair whose other end (``<prefix>Iv``) is a port of the bridge
 ``<prefix>br`` on the host. Each end has a ``tbf`` qdisc at the link rate,
 so traffic into and out of a node is shaped separately (full duplex, like a
-NIC). The namespaces have no default route: only the cluster's own subnet is
+NIC), with a deep queue (:data:`QUEUE_LATENCY`) so that many senders into
+one node wait instead of losing packets. The namespaces have no default route: only the cluster's own subnet is
 reachable from them. Every command runs as root with a time limit.
 """
 
@@ -28,8 +29,12 @@ HOSTS_FILE = Path("/etc/hosts")
 COMMAND_TIMEOUT = 30
 #: tbf bucket: large enough for a GSO packet, small against a millisecond at 10 Gbit/s.
 MIN_BURST_BYTES = 64 << 10
-#: tbf queue: packets may wait this long before tbf drops them (TCP backs off long before).
-QUEUE_LATENCY = "50ms"
+#: tbf queue: packets may wait this long before tbf drops them. Deep, as a switch's
+#: buffers (and InfiniBand's lossless links) are: with 50 ms, the bursts of an
+#: all-to-all into one node (15 senders at once) overflowed it, and the drops cost TCP
+#: retransmission timeouts (9 in a 16-node test) and each exchange after such a burst
+#: about 1.5x its time (``docs/measurements.md``, 2026-12-06b); with 400 ms none.
+QUEUE_LATENCY = "400ms"
 
 
 def _run(argv, check=True, timeout=COMMAND_TIMEOUT):

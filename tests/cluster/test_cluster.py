@@ -207,3 +207,47 @@ def test_cli_mpirun_reports_the_bytes_on_each_link(cluster):
     assert json.loads(result.stdout.splitlines()[-1])["hosts"] == ["hpt1", "hpt2"]
     moved = result.stderr.split("bytes sent over each node's link: ")[1]
     assert int(moved.split("'hpt1': ")[1].split(",")[0]) >= 1 << 20
+
+
+INCAST = """
+import numpy as np
+from mpi4py import MPI
+comm = MPI.COMM_WORLD
+block = np.ones((comm.size, 4 << 20), np.uint8)  # 4 MiB to every peer, all at once
+out = np.empty_like(block)
+for _ in range(3):
+    comm.Alltoall(block, out)
+assert (out == 1).all()
+"""
+
+
+def _qdisc_drops(spec):
+    """Packets each node's host-end tbf has dropped (what the node would receive)."""
+    import re
+
+    text = subprocess.run(["tc", "-s", "qdisc", "show"], capture_output=True, text=True,
+                          timeout=30).stdout
+    drops, device = {}, None
+    for line in text.splitlines():
+        if line.startswith("qdisc "):
+            device = line.split(" dev ")[1].split()[0]
+        found = re.search(r"dropped (\d+)", line)
+        if found and device in {spec.veth(n) for n in spec.node_names}:
+            drops[device] = drops.get(device, 0) + int(found.group(1))
+    return drops
+
+
+def test_links_queue_an_all_to_all_burst_without_dropping_it(cluster):
+    """Two nodes sending into the third at once: the links' queues are deep (as a switch's
+    buffers; InfiniBand is lossless), so the burst waits instead of costing TCP timeouts."""
+    from hpcpax.cluster.netns import QUEUE_LATENCY
+
+    text = subprocess.run(["tc", "qdisc", "show", "dev", cluster.veth(cluster.node_names[0])],
+                          capture_output=True, text=True, timeout=30).stdout
+    assert "tbf" in text and f"lat {QUEUE_LATENCY}" in text, text
+    before = _qdisc_drops(cluster)
+    result, sent = run_on_cluster(cluster, 1, [sys.executable, "-c", INCAST], timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert all(moved >= 2 * (4 << 20) * 3 for moved in sent.values()), sent
+    after = _qdisc_drops(cluster)
+    assert after == before, (before, after)
