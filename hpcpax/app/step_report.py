@@ -48,7 +48,7 @@ class PhaseClock:
         """Charge the seconds since the previous lap to ``phase``."""
         now, cpu = time.perf_counter(), time.process_time()
         self.times[phase] += now - self._clock
-        self.cpu[phase] = self.cpu.get(phase, 0.0) + cpu - self._cpu_clock
+        self.cpu[phase] += cpu - self._cpu_clock
         self._clock, self._cpu_clock = now, cpu
 
 

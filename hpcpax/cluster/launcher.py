@@ -19,8 +19,9 @@ It also turns off UCX's rendezvous protocol (``UCX_RNDV_THRESH=inf``: every
 message goes eagerly). Over the ``tcp`` transport on shaped links, a
 rendezvous under load now and then stalls for about 1.3 s: 4 of 16 loaded
 exchanges stalled with it, 0 of 16 without, in the same run; plain TCP
-sockets never stall (``docs/measurements.md``, 2026-12-06). Those stalls are this emulation's, not a cluster's: on
-InfiniBand, rendezvous is UCX's RDMA path and stays on.
+sockets never stall (``docs/measurements.md``, 2026-12-06). Those stalls are
+this emulation's, not a cluster's: on InfiniBand, rendezvous is UCX's RDMA
+path and stays on.
 """
 
 from __future__ import annotations
