@@ -17,7 +17,8 @@ The rules (constants below), first match wins. From ``bsp``/``balanced``:
 1. *lockstep*: the workers spend >= ``WAIT_TRIAL`` of a step outside their
    own work (in the collectives: transfers and waiting for each other)
    beyond what a slower worker explains (``persistent_imbalance``, what
-   balancing could save), counted as a share of the step balancing would
+   balancing could save) and what stalls explain (``transient_imbalance``,
+   rule 3's), counted as a share of the step balancing would
    leave (:func:`lockstep_share`: a straggler's share of the waits does
    not hide the lockstep that stays once it is balanced, so one segment
    can decide both) -> a *trial* of ``ssp:S``, whose message-driven
@@ -105,7 +106,11 @@ MIN_STALL_FRACTION = 0.01
 MIN_GAIN = 0.05          # fraction of the step a change must save (predicted or measured)
 MAX_STALENESS = 4
 COOLDOWN = 3             # segments without relaxed trials after a failed one
-WAIT_TRIAL = 0.5         # share of a step outside own work that makes auto try ssp
+#: share of a step outside own work that makes auto try ssp. 0.5 until 2026-12-06: with
+#: emulated accelerators at D = 4 (compute a larger share of the step) BSP's steps at 8
+#: workers spent ~45 % outside own work, ssp:3 ran 1.64x BSP's samples/s, and auto never
+#: tried it. A trial is measured and kept only when >= MIN_GAIN faster.
+WAIT_TRIAL = 0.3
 TRIAL_STALENESS = 2      # the staleness of that trial
 HISTORY = 6              # segments whose speeds the shares come from (newest)
 CONSISTENTLY_SLOWEST = 0.8  # ... of a segment's steps: persistent within it (for a trial)
@@ -181,11 +186,13 @@ def analyze(work, batch, seconds) -> dict:
 
 
 def lockstep_share(figures) -> float:
-    """The share of a step the workers wait beyond what a slower worker explains, of
-    the step balanced shares would leave: ``(wait_fraction - persistent_imbalance) /
-    (1 - persistent_imbalance)`` (rule 1; :func:`analyze`'s figures)."""
+    """The share of a step the workers wait beyond what a slower worker or a stall
+    explains, of the step balanced shares would leave: ``(wait_fraction - imbalance)
+    / (1 - persistent_imbalance)`` (rule 1; :func:`analyze`'s figures). Waits for a
+    stalled worker are rule 3's (``transient_imbalance``), not lockstep."""
     explained = min(figures["persistent_imbalance"], 0.99)
-    return (figures["wait_fraction"] - explained) / (1.0 - explained)
+    waits = figures["wait_fraction"] - explained - figures.get("transient_imbalance", 0.0)
+    return waits / (1.0 - explained)
 
 
 class AutoPolicy:
