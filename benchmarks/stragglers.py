@@ -387,12 +387,16 @@ def within_loss_gap(runs, cases, gaps) -> dict:
 
 def auto_vs_best_fixed(runs, cases, key, allowed=lambda name, mode: True) -> dict:
     """``key_<scenario>``: auto over the fastest fixed mode of each round that
-    ``allowed(scenario, mode)``; ``key``: the minimum over the scenarios, per round."""
+    ``allowed(scenario, mode)`` (None where no mode run there is); ``key``: the minimum
+    over the scenarios, per round."""
     figures, worst = {}, None
     for name, (_, modes) in cases.items():
         if "auto" not in modes or len(modes) < 2:
             continue
         fixed = [m for m in modes if m not in ("auto", DENSE_AUTO) and allowed(name, m)]
+        if not fixed:  # no fixed mode run here qualifies (e.g. --modes without bsp)
+            figures[f"{key}_{name}"] = None
+            continue
         per_round = [x["samples_per_s_train"] / max(runs[name][m][r]["samples_per_s_train"]
                                                     for m in fixed)
                      for r, x in enumerate(runs[name]["auto"])]

@@ -61,3 +61,23 @@ def test_stragglers_run_on_emulated_accelerators(tmp_path):
     assert result["ratio_auto_vs_best_fixed_persistent"] == pytest.approx(
         persistent["auto"]["samples_per_s_train"]["median"]
         / max(persistent[m]["samples_per_s_train"]["median"] for m in ("bsp", "asp")))
+
+
+def test_auto_against_no_qualifying_fixed_mode_is_none():
+    """A scenario where every fixed mode run misses the loss goal (``--modes`` without
+    bsp) has no within-loss-gap ratio: None there, the minimum over the others, no
+    crash after the runs (a 12-minute run once lost its output to it)."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import stragglers  # noqa: PLC0415
+
+    runs = {"persistent": {"asp": [{"samples_per_s_train": 10.0}],
+                           "auto": [{"samples_per_s_train": 8.0}]},
+            "none": {"ssp:3": [{"samples_per_s_train": 10.0}],
+                     "auto": [{"samples_per_s_train": 9.0}]}}
+    cases = {"persistent": ({}, ("asp", "auto")), "none": ({}, ("ssp:3", "auto"))}
+    within, excluded = stragglers.within_loss_gap(runs, cases, {"persistent": {"asp": 0.08}})
+    key = "ratio_auto_vs_best_fixed_within_loss_gap"
+    assert within[f"{key}_persistent"] is None
+    assert within[f"{key}_none"]["median"] == pytest.approx(0.9)
+    assert within[key]["median"] == pytest.approx(0.9)
+    assert excluded["persistent"] == {"asp": 0.08}
