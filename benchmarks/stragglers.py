@@ -395,7 +395,7 @@ def auto_vs_best_fixed(runs, cases, key, allowed=lambda name, mode: True) -> dic
             continue
         fixed = [m for m in modes if m not in ("auto", DENSE_AUTO) and allowed(name, m)]
         if not fixed:  # no fixed mode run here qualifies (e.g. --modes without bsp)
-            figures[f"{key}_{name}"] = None
+            figures[f"{key}_{name}"] = spread([])  # medians None
             continue
         per_round = [x["samples_per_s_train"] / max(runs[name][m][r]["samples_per_s_train"]
                                                     for m in fixed)

@@ -77,7 +77,7 @@ def test_auto_against_no_qualifying_fixed_mode_is_none():
     cases = {"persistent": ({}, ("asp", "auto")), "none": ({}, ("ssp:3", "auto"))}
     within, excluded = stragglers.within_loss_gap(runs, cases, {"persistent": {"asp": 0.08}})
     key = "ratio_auto_vs_best_fixed_within_loss_gap"
-    assert within[f"{key}_persistent"] is None
+    assert within[f"{key}_persistent"] == {"median": None, "min": None, "max": None}
     assert within[f"{key}_none"]["median"] == pytest.approx(0.9)
     assert within[key]["median"] == pytest.approx(0.9)
     assert excluded["persistent"] == {"asp": 0.08}
