@@ -387,8 +387,8 @@ def within_loss_gap(runs, cases, gaps) -> dict:
 
 def auto_vs_best_fixed(runs, cases, key, allowed=lambda name, mode: True) -> dict:
     """``key_<scenario>``: auto over the fastest fixed mode of each round that
-    ``allowed(scenario, mode)`` (None where no mode run there is); ``key``: the minimum
-    over the scenarios, per round."""
+    ``allowed(scenario, mode)`` (a spread of Nones where no mode run there is);
+    ``key``: the minimum over the scenarios that have one, per round."""
     figures, worst = {}, None
     for name, (_, modes) in cases.items():
         if "auto" not in modes or len(modes) < 2:

@@ -6,7 +6,8 @@ veth pair whose other end (``<prefix>Iv``) is a port of the bridge
 so traffic into and out of a node is shaped separately (full duplex, like a
 NIC), with a deep queue (:data:`QUEUE_LATENCY`) so that many senders into
 one node wait instead of losing packets. The namespaces have no default
-route: only the cluster's own subnet is reachable from them. Every command runs as root with a time limit.
+route: only the cluster's own subnet is reachable from them. Every command
+runs as root with a time limit.
 """
 
 from __future__ import annotations

@@ -191,7 +191,7 @@ def lockstep_share(figures) -> float:
     / (1 - persistent_imbalance)`` (rule 1; :func:`analyze`'s figures). Waits for a
     stalled worker are rule 3's (``transient_imbalance``), not lockstep."""
     explained = min(figures["persistent_imbalance"], 0.99)
-    waits = figures["wait_fraction"] - explained - figures.get("transient_imbalance", 0.0)
+    waits = figures["wait_fraction"] - explained - figures["transient_imbalance"]
     return waits / (1.0 - explained)
 
 

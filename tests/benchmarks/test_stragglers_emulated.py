@@ -65,7 +65,7 @@ def test_stragglers_run_on_emulated_accelerators(tmp_path):
 
 def test_auto_against_no_qualifying_fixed_mode_is_none():
     """A scenario where every fixed mode run misses the loss goal (``--modes`` without
-    bsp) has no within-loss-gap ratio: None there, the minimum over the others, no
+    bsp) has no within-loss-gap ratio: Nones there, the minimum over the others, no
     crash after the runs (a 12-minute run once lost its output to it)."""
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import stragglers  # noqa: PLC0415
