@@ -336,6 +336,9 @@ class DenseAllreduce:
         thread a nonblocking collective advances only inside MPI calls, so
         each fusion buffer goes through a blocking ``Allreduce`` (MPICH's
         blocking algorithms are also faster than its nonblocking schedules).
+        That wait is inside MPI under either wait policy: the one measured
+        exception to :mod:`hpcpax.comm.polling` (every worker is in the call
+        already; polling adds a wake-up per round of the collective).
         Use :meth:`start`/:meth:`wait` to overlap with compute.
         """
         if self._pending is not None:
