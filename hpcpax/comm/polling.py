@@ -11,11 +11,14 @@ Every wait between and inside hpcpax's operations (the server's next
 header, the sparse exchanges, the dense buckets started during the
 backward pass, the relaxed server and clients, the hot-row trees) goes
 through :func:`wait` (or a :class:`Backoff` where the waiting loop does
-other work too). One exception, measured: the synchronous dense allreduce
+other work too). One exception, measured: the transports' synchronous
+calls wait inside MPI. They serve the synchronous dense allreduce
 (:meth:`~hpcpax.comm.allreduce.DenseAllreduce.allreduce`, the BSP step's
-dense phase) waits inside MPI. Every worker is already in that call (a
-straggler is waited for in the sparse push before it), and a polled wait
-adds a wake-up to each round of the collective. Measured on 16 emulated
+dense phase) and the leaders' allreduce and node broadcast of a
+hierarchical one. Every worker is already in those calls (in a model with
+sparse tables a straggler is waited for in the sparse push before them;
+in a dense-only model they wait for it too), and a polled wait adds a
+wake-up to each round of the collective. Measured on 16 emulated
 nodes (hybrid, 5 alternated runs each): dense phase 47-50 ms blocking
 against 55-64 ms polled, samples/s -2.6 % polled (a 0.1 ms cap was as fast
 as blocking and as busy); 4 ranks on 2 cores, 64 KB: 0.3 ms blocking
