@@ -160,7 +160,8 @@ class TorchSide:
         every value hpcpax's emulated ``GRAD_VALUE``), reduced as DDP reduces them:
         the dense ones in one flat gloo allreduce (they fit DDP's 25 MiB bucket),
         each sparse one by gloo's sparse allreduce (an allgather of indices and
-        values, summed), all divided by the world size. Returns the time the
+        values, summed), all started at once (``async_op``, as DDP's reducer
+        launches its buckets) and then waited for, all divided by the world size. Returns the time the
         sleep ended (the communication counts as the step's, as DDP's does)."""
         from hpcpax.app.emulation import GRAD_VALUE
 
@@ -174,14 +175,16 @@ class TorchSide:
             values = torch.full((len(ids), param.shape[1]), GRAD_VALUE)
             param.grad = torch.sparse_coo_tensor(ids[None, :], values, tuple(param.shape))
         flat = torch.cat([p.grad.reshape(-1) for p in self.dense])
-        dist.all_reduce(flat)
+        works = [dist.all_reduce(flat, async_op=True)]
+        works += [dist.all_reduce(param.grad, async_op=True) for param in self.sparse]
+        for work in works:
+            work.wait()
         flat /= world
         offset = 0
         for param in self.dense:
             param.grad.copy_(flat[offset:offset + param.numel()].view_as(param))
             offset += param.numel()
         for param in self.sparse:
-            dist.all_reduce(param.grad)
             param.grad = param.grad / world
         return middle
 

@@ -5,14 +5,19 @@ One step of this worker (:meth:`BSPSteps.step`)::
     batch  = reader.batch(step - 1, G, worker_index, num_workers)   # own shard
     rows   = sync.pull(model.sparse_ids(batch))        # every sparse variable
     result = model.forward_backward(dense, rows, batch)
+    start DenseAllreduce(mean) of dense grads          # runs during the push
     sync.push(result.sparse_grads)                     # owners apply the optimizer
-    DenseAllreduce(mean) of dense grads; dense optimizer on every worker
+    wait for the dense allreduce; dense optimizer on every worker
     one Allreduce of a small vector: loss x batch, phase times, bytes, preempt flag
 
 then :meth:`BSPSteps.record` writes the step's metrics line, evaluates and
 checkpoints when due, and stops the run on a preemption signal (after its
 checkpoint). :meth:`BSPSteps.after` runs the user's hooks and gives the
 planner the step (it may ask for trial steps).
+
+The dense gradients do not depend on the push, so their ``Iallreduce``
+runs while it does (the push's polls progress it): the ``push`` phase's
+seconds include that, ``dense`` is what is left of it after the push.
 """
 
 from __future__ import annotations
@@ -93,9 +98,10 @@ class BSPSteps:
         rows = engine.sync.pull(ids)
         lap("pull")
         done = compute_step(t, rows, batch, position, step, clock)
+        engine.dense_sync.start(done.dense)  # reduces while the sparse push runs
         engine.sync.push(done.sparse)
         lap("push")
-        engine.dense_sync.allreduce(done.dense)
+        engine.dense_sync.wait()
         lap("dense")
         for name, param in t.dense.items():
             t.optimizer.apply_dense(param, t.dense_state[name], done.dense[name])

@@ -339,7 +339,10 @@ class DenseAllreduce:
         That wait is inside MPI under either wait policy: the one measured
         exception to :mod:`hpcpax.comm.polling` (every worker is in the call
         already; polling adds a wake-up per round of the collective).
-        Use :meth:`start`/:meth:`wait` to overlap with compute.
+        Use :meth:`start`/:meth:`wait` to overlap with compute or with other
+        communication (the BSP step starts the dense allreduce before its
+        sparse push: 16 emulated nodes, push and dense 77-79 ms together
+        against 87-92 ms one after the other).
         """
         if self._pending is not None:
             raise RuntimeError("allreduce() called between start() and wait()")

@@ -13,9 +13,10 @@ backward pass, the relaxed server and clients, the hot-row trees) goes
 through :func:`wait` (or a :class:`Backoff` where the waiting loop does
 other work too). One exception, measured: the transports' synchronous
 calls wait inside MPI. They serve the synchronous dense allreduce
-(:meth:`~hpcpax.comm.allreduce.DenseAllreduce.allreduce`, the BSP step's
-dense phase) and the leaders' allreduce and node broadcast of a
-hierarchical one. Every worker is already in those calls (in a model with
+(:meth:`~hpcpax.comm.allreduce.DenseAllreduce.allreduce`) and the leaders'
+allreduce and node broadcast of a hierarchical one. (The BSP step starts
+its dense allreduce before the sparse push, whose polls progress it, and
+waits for the rest with :func:`wait`.) Every worker is already in those calls (in a model with
 sparse tables a straggler is waited for in the sparse push before them;
 in a dense-only model they wait for it too), and a polled wait adds a
 wake-up to each round of the collective. Measured on 16 emulated

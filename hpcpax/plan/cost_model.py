@@ -233,10 +233,14 @@ class CostParams:
             (the default) lets :func:`hpcpax.plan.make_plan` use the number
             of sparse variables of the plan; 1 for a lone variable.
         overlap_dense: fraction of the backward pass the dense allreduce may
-            hide behind (0 for hpcpax's trainer, whose allreduce is blocking
-            and runs after the backward pass).
+            hide behind (0 for hpcpax's trainer, whose allreduce starts after
+            the backward pass).
         backward_fraction: share of the compute time that is the backward
             pass (used with ``overlap_dense``).
+        dense_overlaps_push: the dense allreduce starts before the sparse push
+            and is waited for after it (hpcpax's BSP step; TensorFlow's graph
+            runs them concurrently too): its latencies and fixed costs hide
+            behind the push, its bytes still queue on the links.
         handoff: ``{"handoff_s", "handoff_per_work"[, "after_work"]}``: each
             stage of local work of ``w`` seconds also costs ``handoff_s +
             handoff_per_work * w`` before the next collective can run, and
@@ -296,6 +300,7 @@ class CostParams:
     ps_batch: int | None = None
     overlap_dense: float = 0.0
     backward_fraction: float = 2.0 / 3.0
+    dense_overlaps_push: bool = True
     handoff: dict | None = None
     software: dict | None = None
     software_scope: str = "process"
@@ -365,6 +370,7 @@ class CostParams:
                 "server_gather_Bps": self.server_gather_Bps, "server_lanes": self.server_lanes,
                 "kernels": self.kernels, "ps_batch": self.ps_batch,
                 "overlap_dense": self.overlap_dense, "backward_fraction": self.backward_fraction,
+                "dense_overlaps_push": self.dense_overlaps_push,
                 "handoff": self.handoff, "software": self.software,
                 "software_scope": self.software_scope, "allgather_rows": self.allgather_rows,
                 "allgather_fused": self.allgather_fused,

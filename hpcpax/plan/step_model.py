@@ -1,14 +1,18 @@
 """Seconds of one training step, phase by phase, as ``hpcpax.train`` runs it.
 
 The trainer's step (:meth:`hpcpax.app.bsp_step.BSPSteps.step`) runs its
-phases one after the other and overlaps nothing: ``data``, ``pull`` (every
-PS table in one batched exchange, replicated tables read locally),
-``compute`` (forward and backward), ``push`` (allgather tables in one
-``Allgatherv``, densified tables allreduced, PS tables in one batched
-exchange), ``dense`` (blocking fused ``Allreduce``, bucket by bucket) and
-``optimizer``, then one small ``Allreduce`` of the step's figures. So the
-predicted step time is the sum of the phases; a phase is a sequence of
-stages, and a stage lasts as long as its slowest rank (BSP).
+phases one after the other: ``data``, ``pull`` (every PS table in one
+batched exchange, replicated tables read locally), ``compute`` (forward
+and backward), ``push`` (allgather tables in one ``Allgatherv``, densified
+tables allreduced, PS tables in one batched exchange), ``dense`` (the
+fused ``Iallreduce`` of the dense gradients, started before the push and
+waited for after it) and ``optimizer``, then one small ``Allreduce`` of
+the step's figures. So the predicted step time is the sum of the phases;
+a phase is a sequence of stages, and a stage lasts as long as its slowest
+rank (BSP). The dense phase is what is left of the allreduce after the
+push (``CostParams.dense_overlaps_push``): its latencies, fixed costs and
+waits hide behind the push, up to the push's length, and its link seconds
+stay (they queue behind the push's bytes on the same links).
 
 Within a phase, each stage is either local work (kernels; seconds from the
 measured rates in :class:`~hpcpax.plan.cost_model.CostParams`) or a
@@ -83,6 +87,8 @@ from .traffic import COUNT_BYTES, HEADER_BYTES, INDEX_BYTES, Layout
 __all__ = ["StepPrediction", "predict_step", "after_work_factor", "PHASES", "REDUCE_STEP_BYTES"]
 
 PHASES = ("data", "pull", "compute", "push", "dense", "optimizer", "control")
+#: resources that are bytes on a link (what an overlapped collective cannot hide)
+LINK_RESOURCES = ("intra link", "inter link", "node NIC")
 LOCAL_WORK = ("compute", "client kernels", "server CPU", "software")
 #: the workers' own work outside the measured operations (see ``after_work``)
 WORKER_WORK = ("compute", "client kernels")
@@ -428,7 +434,7 @@ def predict_step(layout: Layout, links, params, routings: dict, dense_bytes=(),
         _ps_exchange(pred, "push", layout, links, params, on_ps,
                      lambda r: INDEX_BYTES + r.row_bytes, apply_work, share,
                      lambda r, rows: params.kernel("dedup", rows * r.row_bytes))
-    # dense: blocking fused allreduce, one bucket after the other
+    # dense: fused allreduce, one bucket after the other
     total = float(sum(dense_bytes))
     # a push delays the workers' next collective (dense, else the step's figures): the
     # servers' work on a PS push runs on their cores after the workers' part returned;
@@ -440,7 +446,11 @@ def predict_step(layout: Layout, links, params, routings: dict, dense_bytes=(),
         waits.append(params.overhead(_ps_operation(params, "after_ps_push", on_ps),
                                      len(on_ps), rows_of(on_ps)))
     if len(workers) > 1:
-        pred.charge("dense" if total > 0 else "control", "scheduling", max(waits))
+        # with the dense allreduce started before the push, the next collective the
+        # workers start after it is the step's figures
+        pred.charge("dense" if total > 0 and not params.dense_overlaps_push else "control",
+                    "scheduling", max(waits))
+    links_before = sum(pred.resources.get(k, 0.0) for k in LINK_RESOURCES)
     pred.charge("dense", "software", params.overhead(
         _workers_operation(params, "dense_allreduce", bool(on_ps)), len(dense_bytes)))
     if total > 0 and len(workers) > 1:
@@ -461,6 +471,14 @@ def predict_step(layout: Layout, links, params, routings: dict, dense_bytes=(),
     if hidden > 0:
         pred.phases["dense"] -= hidden
         pred.resources["overlapped with backward"] = -hidden
+    # started before the push: all but its link seconds hides behind the push
+    if params.dense_overlaps_push and pred.phases["dense"] > 0:
+        link_s = sum(pred.resources.get(k, 0.0) for k in LINK_RESOURCES) - links_before
+        hidden = min(pred.phases["dense"] - min(link_s, pred.phases["dense"]),
+                     pred.phases["push"])
+        if hidden > 0:
+            pred.phases["dense"] -= hidden
+            pred.resources["overlapped with push"] = -hidden
     if optimizer_s is not None:
         pred.charge("optimizer", "client kernels", optimizer_s)
     else:

@@ -152,8 +152,13 @@ class BucketedAllreduce:
         finally:
             self._reset()
 
-    def allreduce(self, arrays) -> None:
-        """Reduce ``{name: array}`` (every registered name) now; **collective** (workers)."""
+    def start(self, arrays) -> None:
+        """Start reducing ``{name: array}`` (every registered name): :meth:`ready` for each;
+        :meth:`wait` finishes. **Collective** over the workers."""
         for name, array in arrays.items():
             self.ready(name, array)
+
+    def allreduce(self, arrays) -> None:
+        """Reduce ``{name: array}`` (every registered name) now; **collective** (workers)."""
+        self.start(arrays)
         self.wait()

@@ -175,6 +175,36 @@ def test_step_model_sums_phases_without_overlap():
     assert pred.bottleneck == "compute"
 
 
+def test_dense_allreduce_hides_behind_the_push_but_its_bytes_do_not():
+    """The BSP step starts the dense allreduce before the sparse push and waits after
+    it: its latencies and fixed costs hide behind the push, up to the push's length;
+    its link seconds stay."""
+    layout = Layout.from_shape(1, 2, 0)
+    links = coll.Links(1e-3, 1e9, 1e-3, 1e9)  # 1 ms a message: latencies dominate
+    ids = [np.array([0, 5]), np.array([1, 6])]
+    routing = {"t": routing_from_ids(layout, "ps", 8, 16, ids, partitions=2)}
+    dense = coll.allreduce([0, 0], 400_000, links)
+    link_s = dense.bandwidth_s + dense.nic_s
+
+    def step(**params):
+        return predict_step(layout, links, CostParams(**params), routing,
+                            dense_bytes=[400_000], include_control=False)
+
+    alone, over = step(dense_overlaps_push=False), step()
+    assert alone.phases["dense"] == pytest.approx(dense.seconds)
+    assert alone.phases["push"] > alone.phases["dense"] - link_s > 0
+    assert over.phases["dense"] == pytest.approx(link_s)
+    assert over.phases["push"] == pytest.approx(alone.phases["push"])
+    assert over.resources["overlapped with push"] == pytest.approx(link_s - dense.seconds)
+    assert over.seconds == pytest.approx(alone.seconds - (dense.seconds - link_s))
+    # a fixed cost longer than the push: only the push's length hides
+    slow = {"dense_allreduce": {"call_s": 1.0, "per_variable_s": 0.0}}
+    alone, over = step(software=slow, dense_overlaps_push=False), step(software=slow)
+    assert alone.phases["dense"] - alone.phases["push"] > link_s
+    assert over.phases["dense"] == pytest.approx(alone.phases["dense"] - alone.phases["push"])
+    assert over.seconds == pytest.approx(alone.seconds - alone.phases["push"])
+
+
 def test_dense_optimizer_pays_its_call_per_tensor_or_the_measured_seconds():
     """The optimizer runs once per dense tensor outside any measured operation: its
     fixed cost per call counts even when ``software`` (which holds the other kernels'

@@ -16,6 +16,8 @@ from hpcpax.plan.traffic import Layout, routing_from_ids
 
 A = 1e-3  # 1 ms per message, links so fast that bytes cost nothing
 FAST = coll.Links(A, 1e18, A, 1e18)
+#: the dense allreduce priced after the push, not overlapped with it
+ALONE = {"dense_overlaps_push": False}
 SOFTWARE = {"ps_pull": {"call_s": 1e-3, "per_variable_s": 2e-4},
             "ps_push": {"call_s": 3e-3, "per_variable_s": 4e-4},
             "ps_pull_no_aggregation": {"call_s": 5e-4, "per_variable_s": 1e-4},
@@ -131,12 +133,13 @@ def test_after_work_waits_for_the_workers_turns():
 def test_operations_measured_on_the_job_hold_their_collectives_latencies():
     """1 node, 2 workers owning the 2 partitions, no aggregation: a pull is a header
     Allgatherv (1 round), a counts Alltoall, the ids Alltoallv and the rows back
-    (1 peer each): 4 latencies, charged with process-scope costs, not with job-scope ones."""
+    (1 peer each): 4 latencies, charged with process-scope costs, not with job-scope ones
+    (the dense allreduce priced alone, not overlapped with the push)."""
     layout = Layout.from_shape(1, 2, 0)
     routing = _ps_routing(layout)
-    process = predict_step(layout, FAST, CostParams(software=SOFTWARE), {"t": routing},
+    process = predict_step(layout, FAST, CostParams(software=SOFTWARE, **ALONE), {"t": routing},
                            dense_bytes=[64, 64], include_control=True)
-    job = predict_step(layout, FAST, CostParams(software=SOFTWARE, software_scope="job"),
+    job = predict_step(layout, FAST, CostParams(software=SOFTWARE, software_scope="job", **ALONE),
                        {"t": routing}, dense_bytes=[64, 64], include_control=True)
     pull = 5e-4 + 1e-4  # ps_pull_no_aggregation, one variable
     push = 6e-4 + 1e-4
@@ -156,7 +159,7 @@ def test_operations_measured_on_the_job_hold_their_collectives_latencies():
 
 def test_aggregating_exchange_uses_the_aggregating_operation_cost():
     layout = Layout.from_shape(1, 2, 1)
-    params = CostParams(software=SOFTWARE, software_scope="job")
+    params = CostParams(software=SOFTWARE, software_scope="job", **ALONE)
     aggregated = predict_step(layout, FAST, params, {"t": _ps_routing(layout, True)},
                               include_control=False)
     direct = predict_step(layout, FAST, params, {"t": _ps_routing(layout, False)},
@@ -165,7 +168,7 @@ def test_aggregating_exchange_uses_the_aggregating_operation_cost():
     assert direct.phases["pull"] == pytest.approx(5e-4 + 1e-4)
     # without a measured no-aggregation cost both use the aggregating one
     only = {k: v for k, v in SOFTWARE.items() if "no_aggregation" not in k}
-    fallback = predict_step(layout, FAST, CostParams(software=only, software_scope="job"),
+    fallback = predict_step(layout, FAST, CostParams(software=only, software_scope="job", **ALONE),
                             {"t": _ps_routing(layout, False)}, include_control=False)
     assert fallback.phases["pull"] == pytest.approx(1e-3 + 2e-4)
 
@@ -173,14 +176,15 @@ def test_aggregating_exchange_uses_the_aggregating_operation_cost():
 def test_workers_collectives_priced_in_the_servers_state_and_after_a_push():
     """dense and control: the ``_idle`` measurement when every table is replicated,
     the serving one with a PS table; after a PS push the next workers' collective
-    (dense, else control) waits ``after_ps_push`` for the pushed tables."""
+    (dense, else control) waits ``after_ps_push`` for the pushed tables (the dense
+    allreduce priced after the push, not overlapped with it)."""
     layout = Layout.from_shape(1, 2, 1)
     software = {**SOFTWARE,
                 "dense_allreduce_idle": {"call_s": 2e-5, "per_variable_s": 1e-6},
                 "control_idle": {"call_s": 3e-5, "per_variable_s": 0.0},
                 "after_ps_push": {"call_s": 5e-4, "per_variable_s": 2e-4, "per_row_s": 1e-5},
                 "after_ps_push_no_aggregation": {"call_s": 7e-4, "per_variable_s": 0.0}}
-    params = CostParams(software=software, software_scope="job")
+    params = CostParams(software=software, software_scope="job", **ALONE)
     gathered = {"t": routing_from_ids(layout, "allgather", 8, 16,
                                       [np.array([0, 5]), np.array([1, 6])])}
     idle = predict_step(layout, FAST, params, gathered, dense_bytes=[64, 64])
@@ -199,14 +203,14 @@ def test_workers_collectives_priced_in_the_servers_state_and_after_a_push():
     # well the longer of the two
     waits = {**software, "after_allgather_push": {"call_s": 4e-4, "per_variable_s": 1e-4},
              "after_allreduce_push": {"call_s": 9e-4, "per_variable_s": 0.0}}
-    params = CostParams(software=waits, software_scope="job")
+    params = CostParams(software=waits, software_scope="job", **ALONE)
     replicated = predict_step(layout, FAST, params, gathered, dense_bytes=[64, 64])
     assert replicated.phases["dense"] == pytest.approx(2e-5 + 2 * 1e-6 + 4e-4 + 1e-4)
     both = predict_step(layout, FAST, params, {"g": gathered["t"], **aggregated},
                         dense_bytes=[64, 64])
     assert both.phases["dense"] == pytest.approx(2e-4 + 2 * 1e-5 + 5e-4 + 2e-4 + rows * 1e-5)
     # a calibration without these measurements prices as before
-    old = predict_step(layout, FAST, CostParams(software=SOFTWARE, software_scope="job"),
+    old = predict_step(layout, FAST, CostParams(software=SOFTWARE, software_scope="job", **ALONE),
                        gathered, dense_bytes=[64, 64])
     assert old.phases["dense"] == pytest.approx(2e-4 + 2 * 1e-5)
 
