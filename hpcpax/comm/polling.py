@@ -16,12 +16,12 @@ calls wait inside MPI. They serve the synchronous dense allreduce
 (:meth:`~hpcpax.comm.allreduce.DenseAllreduce.allreduce`) and the leaders'
 allreduce and node broadcast of a hierarchical one. (The BSP step starts
 its dense allreduce before the sparse push, whose polls progress it, and
-waits for the rest with :func:`wait`.) Every worker is already in those calls (in a model with
-sparse tables a straggler is waited for in the sparse push before them;
-in a dense-only model they wait for it too), and a polled wait adds a
-wake-up to each round of the collective. Measured on 16 emulated
-nodes (hybrid, 5 alternated runs each): dense phase 47-50 ms blocking
-against 55-64 ms polled, samples/s -2.6 % polled (a 0.1 ms cap was as fast
+waits for the rest with :func:`wait`.) Every worker is already in those
+calls (in a model with sparse tables a straggler is waited for in the
+sparse push before them; in a dense-only model they wait for it too), and
+a polled wait adds a wake-up to each round of the collective. Measured
+on 16 emulated nodes (hybrid, 5 alternated runs each): dense phase 47-50
+ms blocking against 55-64 ms polled, samples/s -2.6 % polled (a 0.1 ms cap was as fast
 as blocking and as busy); 4 ranks on 2 cores, 64 KB: 0.3 ms blocking
 against 3.3 ms polled (MPICH yields the core inside blocking calls when
 ranks outnumber cores). The price is CPU: the phase keeps each worker's

@@ -36,8 +36,9 @@ waits for its ranks' turns on the cores (:func:`oversubscription_round_wait`).
 
 Each strategy's step is priced by the same step model as the trainer's
 (:func:`hpcpax.plan.step_model.predict_step`: compute, then the batched
-exchanges of every variable, each phase after the other unless the preset
-says the framework overlaps the dense allreduce with the backward pass);
+exchanges of every variable, each phase after the other, the dense
+allreduce overlapped with the push and, where the preset says the
+framework does it, with the backward pass);
 throughput = samples per worker x workers / step time. Beside it the
 report names the bottleneck resource of each strategy (the link, the
 node NIC, the servers' CPU, the latency or the kernels that take the most

@@ -48,10 +48,11 @@ workers take turns, so the first collective after such work waits
 ``"serving"`` when PS tables are served, whose servers wait inside MPI
 taking a core, ``"idle"`` otherwise). Work inside an operation whose cost
 was measured (``software``) is not counted: its measurement holds it.
-A push also delays the workers' next collective (the dense allreduce, else
-the step's figures): a PS push by the servers' work on it, which runs on
-their cores after the workers' part returned, a replicated push by what
-it leaves behind on an oversubscribed host; each is measured as that
+A push also delays the workers' next collective (the step's figures; the
+dense allreduce when ``dense_overlaps_push`` is off): a PS push by the
+servers' work on it, which runs on their cores after the workers' part
+returned, a replicated push by what it leaves behind on an
+oversubscribed host; each is measured as that
 collective right after the push, less the collective alone (``after_ps_push``,
 ``after_allgather_push``, ... in ``software``), and the longest of a step's
 pushes is charged. The workers' collectives themselves are priced in the
