@@ -475,8 +475,7 @@ def predict_step(layout: Layout, links, params, routings: dict, dense_bytes=(),
     # started before the push: all but its link seconds hides behind the push
     if params.dense_overlaps_push and pred.phases["dense"] > 0:
         link_s = sum(pred.resources.get(k, 0.0) for k in LINK_RESOURCES) - links_before
-        hidden = min(pred.phases["dense"] - min(link_s, pred.phases["dense"]),
-                     pred.phases["push"])
+        hidden = min(max(pred.phases["dense"] - link_s, 0.0), pred.phases["push"])
         if hidden > 0:
             pred.phases["dense"] -= hidden
             pred.resources["overlapped with push"] = -hidden

@@ -195,6 +195,10 @@ def test_workers_collectives_priced_in_the_servers_state_and_after_a_push():
     rows = 2  # each worker's ids of the table
     assert served.phases["dense"] == pytest.approx(2e-4 + 2 * 1e-5 + 5e-4 + 2e-4 + rows * 1e-5)
     assert served.phases["control"] == pytest.approx(3e-4)
+    # the dense allreduce started before the push: the wait lands on the step's figures
+    over = predict_step(layout, FAST, CostParams(software=software, software_scope="job"),
+                        aggregated, dense_bytes=[64, 64])
+    assert over.phases["control"] == pytest.approx(3e-4 + 5e-4 + 2e-4 + rows * 1e-5)
     # no dense tensors: the wait lands on the control Allreduce; no aggregation: its form
     direct = predict_step(layout, FAST, params, {"t": _ps_routing(layout, False)})
     assert direct.phases["dense"] == 0.0
