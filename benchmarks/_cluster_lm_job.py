@@ -164,12 +164,15 @@ def predicted_bytes(trainer, plan_entries, args, first, last):
     Applied to the very ids of the timed steps: a ``ps`` row owned on another node
     costs ``2 x (8 + dim x 4)`` (pulled: index out, row back; pushed: index and
     row out), once per node with local aggregation, once per worker without;
-    ``allgather``: each worker's unique rows to every worker on another node;
+    ``allgather``: each worker's unique rows of every allgather table to every
+    worker on another node, padded to the largest worker's where hpcpax pads
+    (:func:`hpcpax.comm.sparse_collectives.padded_block_bytes`);
     densified ``allreduce`` (the table and its 1-byte touched mask) and the dense
     part: the ring's off-node bytes. Hot-row trees (relays) are not in the
     formula: a plan that kept them differs by its relay bytes. The lower bound:
     each node's remote unique rows once."""
     from hpcpax.comm.accounting import ring_allreduce_bytes
+    from hpcpax.comm.sparse_collectives import padded_block_bytes
 
     topo, model, reader = trainer.topology, trainer.model, trainer.reader
     workers = list(topo.worker_ranks)
@@ -183,6 +186,7 @@ def predicted_bytes(trainer, plan_entries, args, first, last):
         ids = [model.sparse_ids(reader.batch(step - 1, args.global_batch, w, len(workers)), step)
                for w in range(len(workers))]
         total_predicted, total_bound = float(dense), float(dense)
+        gathered = np.zeros(len(workers), np.int64)  # each worker's allgather bytes
         for name, spec in specs.items():
             entry = plan_entries[name]
             row = INDEX_BYTES + spec.dim * 4
@@ -203,14 +207,17 @@ def predicted_bytes(trainer, plan_entries, args, first, last):
             elif method == "ps":
                 total_predicted += sum(remote(u, node_of[w])
                                        for u, w in zip(per_worker, workers))
-            elif method == "allgather":
-                for i, w in enumerate(workers):
-                    remote = sum(1 for v in workers if node_of[v] != node_of[w])
-                    total_predicted += row * len(per_worker[i]) * remote
+            elif method == "allgather":  # one batched allgather for all: after the loop
+                gathered = gathered + row * np.array([len(u) for u in per_worker], np.int64)
             else:  # densified allreduce
                 table = spec.rows * spec.dim * 4 + spec.rows  # + the touched-rows mask
                 total_predicted += sum(ring_allreduce_bytes(node_of, workers, r, table)[2]
                                        for r in workers)
+        if gathered.any():  # padded to the largest block where hpcpax pads
+            block = padded_block_bytes(gathered)
+            for i, w in enumerate(workers):
+                remote = sum(1 for v in workers if node_of[v] != node_of[w])
+                total_predicted += (gathered[i] if block is None else block) * remote
         predicted.append(total_predicted)
         bound.append(total_bound)
     return float(np.mean(predicted)), float(np.mean(bound))

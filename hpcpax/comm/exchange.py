@@ -195,16 +195,19 @@ def _split_segments(buffer, displs, counts, widths, likes):
     """Each variable's rows out of a buffer of per-source segments.
 
     ``buffer`` holds, from ``displs[s]`` for each source ``s``, the rows of
-    variable 0, then 1, ... (``counts[s, k]`` rows of ``widths[k]`` bytes).
+    variable 0, then 1, ... (``counts[s, k]`` rows of ``widths[k]`` bytes);
+    a source's segments may be followed by padding before the next one's.
     Returns ``K`` lists of arrays shaped like ``likes[k]``, rows in source
     order. Shared by :func:`alltoallv_many` and the batched allgather.
     """
     k_vars = len(widths)
     totals = counts.sum(axis=0).tolist()
-    if k_vars == 1:  # the segments are back to back: no copy
+    seg_bytes = counts * widths
+    back_to_back = np.array_equal(np.asarray(displs, np.int64)[1:],
+                                  np.cumsum(seg_bytes.sum(axis=1))[:-1])
+    if k_vars == 1 and back_to_back:  # one contiguous run of rows: no copy
         return [_from_bytes(buffer[:totals[0] * int(widths[0])].reshape(totals[0],
                                                                        int(widths[0])), likes[0])]
-    seg_bytes = counts * widths
     seg_start = np.asarray(displs, np.int64)[:, None] + np.cumsum(seg_bytes, axis=1) - seg_bytes
     starts, ends = seg_start.tolist(), (seg_start + seg_bytes).tolist()
     pieces = [[] for _ in range(k_vars)]

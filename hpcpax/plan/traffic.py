@@ -12,7 +12,10 @@ routing of every method is written once here, the way
   header ``Allgather`` over every rank and one ``Alltoall`` of 8 bytes per
   peer and variable (counts).
 * ``allgather``: each worker's unique ``(id, row)`` records reach every
-  other worker (counted as direct sends, whatever algorithm MPI runs).
+  other worker (counted as direct sends, whatever algorithm MPI runs), all
+  tables in one block per worker; where
+  :func:`~hpcpax.comm.sparse_collectives.padded_block_bytes` pads the
+  blocks to the largest, the padding is the phase's too.
 * ``dense`` (allreduce, densified or not): the ring formula,
   ``floor(2 (n-1) B / n)`` per rank and tensor.
 
@@ -31,6 +34,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..comm.sparse_collectives import padded_block_bytes
 from ..ps.placement import assign_owners
 from ..sync.methods import method_of
 
@@ -311,15 +315,22 @@ def step_bytes(layout: Layout, routings: dict, dense_bytes=()) -> dict:
                 out.add("intra_node", r.to_delegate.T * r.row_bytes)
                 out.add("intra_node", r.to_delegate * (INDEX_BYTES + r.row_bytes))
     workers = list(layout.worker_ranks)
+    idx = np.asarray(workers)
+    gathered = np.zeros(len(workers))  # each worker's block of the batched allgather
     for r in routings.values():
         if r.sync_method.gathers:
             record = INDEX_BYTES + r.row_bytes
             m = np.zeros((layout.size, layout.size))
-            idx = np.asarray(workers)
             m[np.ix_(idx, idx)] = (r.unique[idx] * record)[:, None]
             out.add("allgather", m)
+            gathered += r.unique[idx] * record
         elif r.sync_method.densified:
             out.add_ranks("dense_sparse", workers, *_ring(layout, r.rows * r.row_bytes + r.rows))
+    block = padded_block_bytes(np.rint(gathered)) if gathered.any() else None
+    if block is not None:  # every block padded to the largest: the phase's bytes
+        m = np.zeros((layout.size, layout.size))
+        m[np.ix_(idx, idx)] = np.maximum(block - gathered, 0.0)[:, None]
+        out.add("allgather", m)
     for nbytes in dense_bytes:
         out.add_ranks("dense", workers, *_ring(layout, nbytes))
     return out.phases
