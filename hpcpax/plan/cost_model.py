@@ -274,7 +274,10 @@ class CostParams:
             ``values``/``indices`` Horovod allgathers as they are; the
             receivers then sum ``workers x raw`` rows).
         allgather_fused: all allgather tables of a push travel in one
-            ``Allgatherv`` (after one of the counts), as hpcpax's does; False:
+            allgather (after one of the counts), as hpcpax's do (equal
+            blocks padded to the largest where
+            :func:`~hpcpax.comm.sparse_collectives.padded_block_bytes` says
+            so, else ``Allgatherv``); False:
             one ``Allgatherv`` per tensor, a table's indices and values
             apart (Horovod fused allreduce only until allgather fusion,
             horovod/horovod PR #732, merged January 2019; its coordinator

@@ -3,7 +3,7 @@
 The trainer's step (:meth:`hpcpax.app.bsp_step.BSPSteps.step`) runs its
 phases one after the other: ``data``, ``pull`` (every PS table in one
 batched exchange, replicated tables read locally), ``compute`` (forward
-and backward), ``push`` (allgather tables in one ``Allgatherv``, densified
+and backward), ``push`` (allgather tables in one allgather, densified
 tables allreduced, PS tables in one batched exchange), ``dense`` (the
 fused ``Iallreduce`` of the dense gradients, started before the push and
 waited for after it) and ``optimizer``, then one small ``Allreduce`` of
@@ -61,8 +61,9 @@ their ``_idle`` forms when every table is replicated).
 
 An allgather push moves each worker's block (its distinct rows, or with
 ``CostParams.allgather_rows="raw"`` one row per lookup, as TensorFlow's
-gradients of a gather are) in one fused ``Allgatherv`` after one of the
-counts, or (``allgather_fused=False``, Horovod before allgather fusion)
+gradients of a gather are) in one fused allgather after one of the
+counts (hpcpax's: blocks padded to the largest where
+:func:`~hpcpax.comm.sparse_collectives.padded_block_bytes` says so), or (``allgather_fused=False``, Horovod before allgather fusion)
 one ``Allgatherv`` per tensor, a table's indices and values apart; a
 host-staged allgather (``allgather_staging_Bps``) also copies each
 worker's block to the host and every gathered block back, over its node's
@@ -83,6 +84,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import collectives as coll
+from ..comm.sparse_collectives import padded_block_bytes
 from .traffic import COUNT_BYTES, HEADER_BYTES, INDEX_BYTES, Layout
 
 __all__ = ["StepPrediction", "predict_step", "after_work_factor", "PHASES", "REDUCE_STEP_BYTES"]
@@ -386,9 +388,11 @@ def predict_step(layout: Layout, links, params, routings: dict, dense_bytes=(),
         if params.allgather_fused:
             pred.charge_cost("push", coll.allgatherv(worker_nodes, COUNT_BYTES * len(gathered),
                                                      links), covered=True)
-            pred.charge_cost("push", coll.allgatherv(worker_nodes, sum(
-                rows * (INDEX_BYTES + r.row_bytes) for rows, r in zip(blocks, gathered)), links),
-                covered=True)
+            block = np.broadcast_to(sum(rows * (INDEX_BYTES + r.row_bytes)
+                                        for rows, r in zip(blocks, gathered)), len(workers))
+            padded = padded_block_bytes(np.rint(block)) if block.any() else None
+            pred.charge_cost("push", coll.allgatherv(
+                worker_nodes, block if padded is None else float(padded), links), covered=True)
         else:  # one Allgatherv per tensor: each table's indices, then its values
             for rows, r in zip(blocks, gathered):
                 for width in (INDEX_BYTES, r.row_bytes):

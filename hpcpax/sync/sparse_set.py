@@ -4,7 +4,7 @@ Holds one :class:`~hpcpax.sync.variable.VariableSync` per sparse variable and
 batches a step's work by method: the ``ps`` variables' pulls (and pushes)
 travel together in one exchange per phase
 (:meth:`~hpcpax.ps.server.ParameterServer.pull_unique_many`), the
-``allgather`` ones in one ``Allgatherv``
+``allgather`` ones in one allgather
 (:func:`~hpcpax.sync.replicated.push_many`), the ``allreduce`` ones one by
 one.
 """
