@@ -106,8 +106,10 @@ def allgather_sparse_many(topology, names, id_lists, value_lists):
         gathered = np.empty(int(per_worker.sum()), np.uint8)
         wait([comm.Iallgatherv([send, MPI.BYTE], [gathered, (per_worker, displs), MPI.BYTE])])
     else:  # equal blocks: MPICH's fast schedule (see PAD_LIMIT)
-        padded = np.zeros(block, np.uint8)
-        padded[:send.size] = send
+        padded = send
+        if send.size < block:
+            padded = np.zeros(block, np.uint8)
+            padded[:send.size] = send
         displs = np.arange(comm.Get_size(), dtype=np.int64) * block
         gathered = np.empty(block * comm.Get_size(), np.uint8)
         wait([comm.Iallgather([padded, MPI.BYTE], [gathered, MPI.BYTE])])
