@@ -63,8 +63,9 @@ An allgather push moves each worker's block (its distinct rows, or with
 ``CostParams.allgather_rows="raw"`` one row per lookup, as TensorFlow's
 gradients of a gather are) in one fused allgather after one of the
 counts (hpcpax's: blocks padded to the largest where
-:func:`~hpcpax.comm.sparse_collectives.padded_block_bytes` says so), or (``allgather_fused=False``, Horovod before allgather fusion)
-one ``Allgatherv`` per tensor, a table's indices and values apart; a
+:func:`~hpcpax.comm.sparse_collectives.padded_block_bytes` says so), or
+(``allgather_fused=False``, Horovod before allgather fusion) one
+``Allgatherv`` per tensor, a table's indices and values apart; a
 host-staged allgather (``allgather_staging_Bps``) also copies each
 worker's block to the host and every gathered block back, over its node's
 shared uplinks (``host staging``). Every worker then sums all the blocks'
@@ -388,8 +389,7 @@ def predict_step(layout: Layout, links, params, routings: dict, dense_bytes=(),
         if params.allgather_fused:
             pred.charge_cost("push", coll.allgatherv(worker_nodes, COUNT_BYTES * len(gathered),
                                                      links), covered=True)
-            block = np.broadcast_to(sum(rows * (INDEX_BYTES + r.row_bytes)
-                                        for rows, r in zip(blocks, gathered)), len(workers))
+            block = sum(rows * (INDEX_BYTES + r.row_bytes) for rows, r in zip(blocks, gathered))
             padded = padded_block_bytes(np.rint(block)) if block.any() else None
             pred.charge_cost("push", coll.allgatherv(
                 worker_nodes, block if padded is None else float(padded), links), covered=True)
