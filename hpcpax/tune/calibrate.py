@@ -197,8 +197,10 @@ def _cpu_work(workers, seconds: float):
     from ..comm.reductions import smallest
 
     scratch = np.random.default_rng(1).random(2048)
+    # at least one call: a rank descheduled right after reading the clock would
+    # otherwise leave the loop with no calls (a division by zero on a busy node)
     start, calls = time.perf_counter(), 0
-    while time.perf_counter() - start < 2e-3:
+    while calls == 0 or time.perf_counter() - start < 2e-3:
         scratch.sum()
         calls += 1
     per_call = smallest(workers, (time.perf_counter() - start) / calls)

@@ -463,3 +463,18 @@ def test_a_calibration_becomes_the_job_scope_constants_the_check_validates():
     old = cost_params({k: v for k, v in calibration.items()
                        if not k.startswith("partition") and k != "software_scope"})
     assert (old.software_scope, old.partition_overhead_s) == ("process", 0.0)
+
+
+def test_cpu_work_survives_a_rank_descheduled_at_its_first_clock_read(monkeypatch):
+    """A rank that loses the CPU between reading the clock and testing it still
+    counts one call (it divided by zero on a busy CI node)."""
+    import inspect
+
+    from mpi4py import MPI
+    from hpcpax.tune import calibrate
+
+    clock = iter([0.0, 0.5] + [0.5 + 1e-4 * i for i in range(1, 10_000)])
+    monkeypatch.setattr(calibrate.time, "perf_counter", lambda: next(clock))
+    work = calibrate._cpu_work(MPI.COMM_SELF, 1.0)
+    # one call, timed at 0.5001 s: two calls make the asked-for second
+    assert inspect.getclosurevars(work).nonlocals["count"] == 2
