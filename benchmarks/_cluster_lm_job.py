@@ -326,6 +326,7 @@ def main():
             summary = json.load(open(os.path.join(run_dir, "summary.json")))
             result["cpu_busy_ranks"] = summary.get("cpu_busy")
             result["startup_seconds"] = summary.get("startup_seconds")
+            result["wait_within"] = (summary.get("wait") or {}).get("within")
             result["wire_bytes_per_step"] = float(np.mean(hp_wire)) if hp_wire else None
             result["wall_seconds"] = wall
             plan, entries = plan_methods(run_dir)

@@ -48,7 +48,9 @@ count: median, min, max), ``ratio_hybrid_vs_allgather_N``,
 the protocol's formula on the same ids; plans without kept trees),
 ``cpu_busy_max``, ``wire_bytes`` (the veths' counters, headers included),
 ``link_utilisation`` (a node's wire bytes per step over the step's seconds x
-the link rate, one direction), ``valid``; a PNG of samples/s against nodes per method (``--png``).
+the link rate, one direction), ``wait_within`` (rank 0's waits inside an
+operation, last round: median seconds and the spin the wait policy chose,
+per kind), ``valid``; a PNG of samples/s against nodes per method (``--png``).
 
 Usage: ``python benchmarks/scaling.py [--quick] [--nodes 2,4,8,16] [--rounds 3]``.
 """
@@ -129,7 +131,9 @@ def per_nodes(jobs, limit):
             "hot_rows_trial": runs[-1].get("hot_rows_trial"),
             "seconds_by_phase": runs[-1]["seconds_by_phase"],
             "cpu_seconds_by_phase": runs[-1].get("cpu_seconds_by_phase"),
-            "startup_seconds": runs[-1].get("startup_seconds")})
+            "startup_seconds": runs[-1].get("startup_seconds"),
+            # rank 0's waits inside an operation (the wait policy's spin per kind)
+            "wait_within": runs[-1].get("wait_within")})
     return out
 
 

@@ -27,7 +27,9 @@ that configuration, builds the simulator's inputs (:mod:`hpcpax.plan.sim`):
   assumption: a fair share of the cores, labelled as such in the output),
   and every round of a collective waits for its ranks' turns on the cores
   (:func:`hpcpax.plan.sim.oversubscription_round_wait`: the wait policy's
-  spin inside an operation, 2 ms, half of it on average per rank ahead).
+  spin inside an operation, half of it on average per rank ahead; the spin
+  is the mean of the kinds ``hybrid`` recorded in the run, ``wait_within``,
+  and 2 ms for results from before the policy adapted it).
 
 Then the simulator predicts each measured method (``hybrid`` -> hybrid,
 ``allgather`` -> horovod, ``ps_no_aggregation`` -> ps, ``allreduce`` ->
@@ -227,9 +229,20 @@ def cluster_preset(results, nodes: int, inputs: dict | None) -> dict:
     if inputs and results.get("cores"):
         from hpcpax.plan.sim import oversubscription_round_wait
 
-        cluster["round_wait_s"] = oversubscription_round_wait(nodes, int(results["cores"])) \
-            / dilation
+        cluster["round_wait_s"] = oversubscription_round_wait(
+            nodes, int(results["cores"]), spin_of(results, nodes)) / dilation
     return cluster
+
+
+def spin_of(results, nodes: int) -> float:
+    """The wait policy's spin inside an operation in the run on ``nodes`` nodes:
+    the mean over the kinds of waits ``hybrid`` recorded (``wait_within``, rank
+    0's), else (results from before the policy adapted) its fixed 2 ms."""
+    from hpcpax.comm.polling import WITHIN_SPIN_SECONDS
+
+    entry = (results.get(f"nodes_{nodes}") or {}).get("hybrid") or {}
+    spins = [kind["spin_s"] for kind in (entry.get("wait_within") or {}).values()]
+    return float(np.mean(spins)) if spins else WITHIN_SPIN_SECONDS
 
 
 def compare(results, inputs) -> dict:
@@ -304,7 +317,8 @@ def main(argv=None) -> int:
         "inputs": ({"measured_here": True, "tcp_round_trip_s": inputs["tcp_round_trip_s"],
                     "cpu_share_assumption": "CPU costs x max(1, ranks / cores) / dilation; "
                                             "each collective round waits "
-                                            "(ranks / cores - 1) x 2 ms / 2 / dilation",
+                                            "(ranks / cores - 1) x spin / 2 / dilation "
+                                            "(spin: the run's wait_within)",
                     "kernels": inputs["kernels"], "software": inputs["software"]}
                    if inputs else {"measured_here": False}),
     })

@@ -30,6 +30,7 @@ import time
 
 from ..backend import to_host
 from ..comm.agreement import check_same
+from ..comm.polling import within_waits
 from ..comm.watchdog import Watchdog
 from ..engine import EngineSettings, build_engine, resolve_plan
 from ..runlog.records import record_run
@@ -401,7 +402,8 @@ class Trainer:
         summary["tables"] = self.tables
         summary["startup_seconds"] = {k: round(v, 4) for k, v in self.startup.items()}
         summary["time_dilation"] = self.config["time_dilation"]
-        summary["wait"] = {"policy": options.wait, "poll_seconds": options.poll_seconds}
+        summary["wait"] = {"policy": options.wait, "poll_seconds": options.poll_seconds,
+                           "within": within_waits()}
         summary["emulated_compute"] = (self.emulated.compute.to_dict()
                                        if self.emulated is not None else None)
         write_json(os.path.join(self.run_dir, "summary.json"), summary)

@@ -69,7 +69,7 @@ def exchange_counts_many(comm, send_counts, accounting=None, phase=None, variabl
     send = np.ascontiguousarray(send_counts, np.int64)
     size, k = send.shape
     recv = np.empty_like(send)
-    wait([comm.Ialltoall([send, MPI.INT64_T], [recv, MPI.INT64_T])], within=True)
+    wait([comm.Ialltoall([send, MPI.INT64_T], [recv, MPI.INT64_T])], within="counts")
     if accounting is not None:
         eight = np.full((k, size), 8, np.int64)
         accounting.record_batched_exchange(phase, variables, eight, eight,
@@ -156,7 +156,7 @@ def alltoallv_many(comm, send_counts, recv_counts, arrays, accounting=None, phas
     np.cumsum(per_peer_recv[:-1], out=rdispl[1:])
     result = np.empty(int(per_peer_recv.sum()), np.uint8)
     wait([comm.Ialltoallv([buffer, (per_peer_send, sdispl), MPI.BYTE],
-                          [result, (per_peer_recv, rdispl), MPI.BYTE])], within=True)
+                          [result, (per_peer_recv, rdispl), MPI.BYTE])], within="rows")
     out = _split_segments(result, rdispl, recv_counts, widths, arrays)
     if accounting is not None:
         accounting.record_batched_exchange(phase, variables, send_bytes.T, recv_bytes.T,

@@ -30,13 +30,27 @@ nodes; see ``docs/measurements.md``). The policy is
 ``hpcpax.options.wait`` (``HPCPAX_WAIT``):
 
 - ``sleep`` (default): poll for :data:`SPIN_SECONDS` (inside an operation
-  already under way, whose peers are in it too, :data:`WITHIN_SPIN_SECONDS`),
-  then sleep between polls; each sleep is at most :data:`FRACTION` of the
-  time waited so far (so the latency it adds stays a tenth of the wait) and
-  at most ``options.poll_seconds`` (1 ms). An idle rank costs about a
-  thousand cheap polls a second: a few percent of a core.
+  already under way, whose peers are in it too, :data:`WITHIN_SPIN_SECONDS`
+  while such waits end that fast: see below), then sleep between polls;
+  each sleep is at most :data:`FRACTION` of the time waited so far (so the
+  latency it adds stays a tenth of the wait) and at most
+  ``options.poll_seconds`` (1 ms). An idle rank costs about a thousand
+  cheap polls a second: a few percent of a core.
 - ``spin``: wait inside MPI (the lowest latency), for nodes with a spare
   core per rank.
+
+The longer spin inside an operation pays only when the wait ends within it
+(it saves a wake-up of ~60 us); a wait that outlasts it has spun 2 ms for
+nothing, and on a host with more ranks than cores the spinning ranks take
+the turns of the ranks whose work the round waits for (on slow links every
+exchange of a step waits for its bytes: 16 emulated nodes on 2 cores spent
+most of their pull and push CPU in this spin). So each kind of wait inside
+an operation (the ``within`` name, e.g. the exchanges' ``"counts"`` and
+``"rows"``) keeps its last :data:`HISTORY` durations and spins the long
+time only while their median ended within it (:func:`within_spin_seconds`);
+otherwise it spins :data:`SPIN_SECONDS`, like any other wait. A wait's
+duration is seen either way (its sleeps are a tenth of it), so the choice
+follows the waits when they become short again.
 
 On Linux the sleeping thread's timer slack is set to 1 us once
 (``PR_SET_TIMERSLACK``): the kernel's default 50 us slack would make the
@@ -50,8 +64,8 @@ import time
 
 from ..options import options
 
-__all__ = ["Backoff", "wait", "wait_all", "idle_barrier", "spinning", "SPIN_SECONDS",
-           "WITHIN_SPIN_SECONDS", "FRACTION"]
+__all__ = ["Backoff", "wait", "wait_all", "idle_barrier", "spinning", "within_spin_seconds",
+           "within_waits", "SPIN_SECONDS", "WITHIN_SPIN_SECONDS", "FRACTION", "HISTORY"]
 
 #: Seconds a waiting rank polls without sleeping: most answers inside an operation
 #: come this fast (the next collective of a pull or push), and the shortest sleep
@@ -63,6 +77,9 @@ SPIN_SECONDS = 1e-4
 WITHIN_SPIN_SECONDS = 2e-3
 #: Each sleep of a proportional :class:`Backoff` is at most this share of the wait so far.
 FRACTION = 0.1
+#: Durations kept per kind of wait inside an operation (:func:`within_spin_seconds`).
+HISTORY = 16
+_WITHIN_HISTORY: dict = {}
 _SPINS = 20  # polls before the first sleep of a Backoff without a fraction
 _MAX_SPINS = 5000  # a proportional Backoff's bound on polls, should the clock stall
 _FIRST_SLEEP = 2e-5
@@ -131,6 +148,40 @@ class Backoff:
         self._sleep = min(self._sleep * 2.0, self.cap)
 
 
+def within_spin_seconds(kind) -> float:
+    """Seconds a wait of ``kind`` inside an operation polls before it sleeps:
+    :data:`WITHIN_SPIN_SECONDS` until :data:`HISTORY` ``// 2`` such waits are
+    known and while the median of the last :data:`HISTORY` ended within it,
+    else :data:`SPIN_SECONDS` (see the module)."""
+    durations = _WITHIN_HISTORY.get(kind)
+    if durations is None or len(durations) < HISTORY // 2:
+        return WITHIN_SPIN_SECONDS
+    ordered = sorted(durations)
+    return WITHIN_SPIN_SECONDS if ordered[len(ordered) // 2] <= WITHIN_SPIN_SECONDS \
+        else SPIN_SECONDS
+
+
+def within_waits() -> dict:
+    """This rank's kinds of waits inside an operation: per kind, the median of its
+    last durations (``median_s``), how many (``waits``) and the spin it now uses
+    (``spin_s``, :func:`within_spin_seconds`)."""
+    out = {}
+    for kind, durations in _WITHIN_HISTORY.items():
+        ordered = sorted(durations)
+        out[str(kind)] = {"median_s": ordered[len(ordered) // 2], "waits": len(ordered),
+                          "spin_s": within_spin_seconds(kind)}
+    return out
+
+
+def _remember_within(kind, seconds: float) -> None:
+    durations = _WITHIN_HISTORY.get(kind)
+    if durations is None:
+        from collections import deque
+
+        durations = _WITHIN_HISTORY[kind] = deque(maxlen=HISTORY)
+    durations.append(seconds)
+
+
 def wait(requests, cap=None, within=False) -> None:
     """Complete MPI ``requests`` by the wait policy (see the module).
 
@@ -139,7 +190,8 @@ def wait(requests, cap=None, within=False) -> None:
         cap: longest sleep; 0 waits inside MPI (default: the policy, with
             ``options.poll_seconds``).
         within: the wait is inside an operation under way (its peers are in it
-            too): poll :data:`WITHIN_SPIN_SECONDS` before the first sleep.
+            too): a name for this kind of wait (``True`` is one shared kind);
+            poll :func:`within_spin_seconds` of it before the first sleep.
     """
     from mpi4py import MPI
 
@@ -149,12 +201,19 @@ def wait(requests, cap=None, within=False) -> None:
     if cap == 0 or (cap is None and spinning()):
         MPI.Request.Waitall(requests)
         return
-    if MPI.Request.Testall(requests):
+    if within is False:
+        if MPI.Request.Testall(requests):
+            return
+        backoff = Backoff(cap, fraction=FRACTION, spin=SPIN_SECONDS)
+        while not MPI.Request.Testall(requests):
+            backoff.pause()
         return
-    backoff = Backoff(cap, fraction=FRACTION,
-                      spin=WITHIN_SPIN_SECONDS if within else SPIN_SECONDS)
-    while not MPI.Request.Testall(requests):
-        backoff.pause()
+    start = time.perf_counter()
+    if not MPI.Request.Testall(requests):
+        backoff = Backoff(cap, fraction=FRACTION, spin=within_spin_seconds(within))
+        while not MPI.Request.Testall(requests):
+            backoff.pause()
+    _remember_within(within, time.perf_counter() - start)
 
 
 def wait_all(requests, while_waiting=None, backoff=None) -> None:

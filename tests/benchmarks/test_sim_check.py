@@ -54,3 +54,20 @@ def test_paper_shape_figures(report):
     within = all(abs(sim[g] / paper[g] - 1) <= 0.3 for g in ("12", "24", "48"))
     assert report["sim_paper_ratios_within_30pct"] == within
     assert report["sim_paper_shape"] == (within and report["sim_horovod_falling"])
+
+
+def test_the_round_wait_uses_the_spin_the_run_recorded():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import sim_check
+    from hpcpax.comm.polling import SPIN_SECONDS, WITHIN_SPIN_SECONDS
+
+    within = {"counts": {"spin_s": SPIN_SECONDS}, "rows": {"spin_s": WITHIN_SPIN_SECONDS}}
+    results = {"nodes_16": {"hybrid": {"wait_within": within}}, "nodes_8": {"hybrid": {}},
+               "rate": "125mbit", "dilation": 4.0, "cores": 2}
+    assert sim_check.spin_of(results, 16) == pytest.approx((SPIN_SECONDS + WITHIN_SPIN_SECONDS) / 2)
+    assert sim_check.spin_of(results, 8) == WITHIN_SPIN_SECONDS  # recorded before it adapted
+    assert sim_check.spin_of(results, 2) == WITHIN_SPIN_SECONDS
+    inputs = {"tcp_round_trip_s": 0.0, "kernels": {}, "software": {}}
+    wait = sim_check.cluster_preset(results, 16, inputs)["round_wait_s"]
+    # 16 ranks on 2 cores: 7 ranks ahead, each half-way through its spin, undilated
+    assert wait == pytest.approx(7 * (SPIN_SECONDS + WITHIN_SPIN_SECONDS) / 4 / 4.0)

@@ -58,6 +58,40 @@ def test_a_proportional_backoff_does_not_sleep_within_its_spin_time():
     assert backoff._since is not None
 
 
+def test_waits_inside_an_operation_spin_long_only_while_they_end_that_fast(monkeypatch):
+    monkeypatch.setattr(polling, "_WITHIN_HISTORY", {})
+    long, short = polling.WITHIN_SPIN_SECONDS, polling.SPIN_SECONDS
+    slow = 10 * long
+    assert polling.within_spin_seconds("rows") == long  # nothing known yet
+    for _ in range(polling.HISTORY // 2 - 1):
+        polling._remember_within("rows", slow)
+    assert polling.within_spin_seconds("rows") == long  # too few to judge
+    polling._remember_within("rows", slow)
+    assert polling.within_spin_seconds("rows") == short  # they outlast the spin
+    assert polling.within_spin_seconds("counts") == long  # each kind on its own
+    # the waits become short again: once they are the median of the last HISTORY
+    for i in range(polling.HISTORY // 2):
+        assert polling.within_spin_seconds("rows") == short
+        polling._remember_within("rows", long / 10)
+    assert polling.within_spin_seconds("rows") == short  # 8 long, 8 short: median long
+    polling._remember_within("rows", long / 10)
+    assert polling.within_spin_seconds("rows") == long
+
+
+def test_a_wait_inside_an_operation_records_its_duration(monkeypatch):
+    monkeypatch.setattr(polling, "_WITHIN_HISTORY", {})
+    comm = MPI.COMM_SELF
+    send, recv = np.arange(3.0), np.zeros(3)
+    request = comm.Irecv(recv, source=0, tag=7)
+    comm.Send(send, dest=0, tag=7)
+    wait([request], within="test")
+    np.testing.assert_array_equal(recv, send)
+    assert len(polling._WITHIN_HISTORY["test"]) == 1
+    assert 0.0 <= polling._WITHIN_HISTORY["test"][0] < 1.0
+    wait([comm.Ibarrier()])  # a wait outside an operation keeps no history
+    assert list(polling._WITHIN_HISTORY) == ["test"]
+
+
 def test_the_policy_is_an_option_with_a_checked_value(monkeypatch):
     from hpcpax.errors import ConfigError
 
