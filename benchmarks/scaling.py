@@ -84,7 +84,7 @@ def run_round(spec, nodes, methods, sizes, args, timeout):
     """One ``mpirun`` of ``_cluster_lm_job.py`` over ``nodes`` nodes; its JSON line."""
     from hpcpax.cluster import mpirun_argv, mpirun_env
 
-    job = {**sizes, "global-batch": args.per_worker * nodes}
+    job = {**sizes, "global-batch": args.per_worker * nodes * args.ranks_per_node}
     argv = [sys.executable, "-m", "mpi4py", os.path.join(HERE, "_cluster_lm_job.py"),
             "--methods", ",".join(methods), "--emulate-compute", args.emulate_compute,
             "--time-dilation", str(args.dilation),
@@ -95,8 +95,8 @@ def run_round(spec, nodes, methods, sizes, args, timeout):
     env.update({"OMP_NUM_THREADS": "1", "NUMBA_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
                 "PYTHONWARNINGS": "ignore", "MPIEXEC_TIMEOUT": str(timeout),
                 "PYTHONPATH": ROOT + os.pathsep + env.get("PYTHONPATH", "")})
-    done = subprocess.run(mpirun_argv(spec, 1, argv, nodes=nodes), cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=timeout + 30)
+    done = subprocess.run(mpirun_argv(spec, args.ranks_per_node, argv, nodes=nodes), cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=timeout + 30)
     lines = [t for t in done.stdout.splitlines() if t.startswith("{")]
     if done.returncode != 0 or not lines:
         raise RuntimeError(f"round on {nodes} nodes failed ({done.returncode}): "
@@ -173,6 +173,9 @@ def main():
     parser.add_argument("--per-worker", type=int, default=640,
                         help="samples per worker per step (x context 4 = 2,560 tokens)")
     parser.add_argument("--methods", default=",".join(METHODS))
+    parser.add_argument("--ranks-per-node", type=int, default=1,
+                        help="workers per node (emulated accelerators per machine; the "
+                             "keys' N stays the node count)")
     parser.add_argument("--allreduce-timed", type=int, default=2,
                         help="timed steps of the densified allreduce (its step is slow)")
     parser.add_argument("--allreduce-max-nodes", type=int, default=8,
@@ -213,7 +216,9 @@ def main():
     out.update({"rate": args.rate, "dilation": args.dilation,
                 "emulate_compute": args.emulate_compute, "per_worker": args.per_worker,
                 "rounds": rounds, "model": sizes, "methods_compared": methods,
-                "layout": "one rank per node, servers_per_node=0 (every rank a worker)",
+                "ranks_per_node": args.ranks_per_node,
+                "layout": (f"{args.ranks_per_node} rank(s) per node, servers_per_node=0 "
+                           "(every rank a worker)"),
                 "cores": os.cpu_count(), "loadavg_at_start": os.getloadavg(),
                 "torch": "PyTorch DDP's reductions (gloo: dense one bucket allreduce, sparse "
                          "gloo sparse allreduce) after the same emulated compute"})

@@ -71,3 +71,14 @@ def test_the_round_wait_uses_the_spin_the_run_recorded():
     wait = sim_check.cluster_preset(results, 16, inputs)["round_wait_s"]
     # 16 ranks on 2 cores: 7 ranks ahead, each half-way through its spin, undilated
     assert wait == pytest.approx(7 * (SPIN_SECONDS + WITHIN_SPIN_SECONDS) / 4 / 4.0)
+
+
+def test_a_run_with_several_workers_a_node_is_skipped_with_the_reason(tmp_path):
+    results = tmp_path / "scaling.json"
+    results.write_text(json.dumps({"benchmark": "scaling", "ranks_per_node": 2}))
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "sim_check.py"),
+                           "--results", str(results), "--no-measure"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert "2 per node" in out["skipped"] and "methods" not in out
