@@ -61,6 +61,7 @@ from __future__ import annotations
 
 import sys
 import time
+from collections import deque
 
 from ..options import options
 
@@ -148,36 +149,33 @@ class Backoff:
         self._sleep = min(self._sleep * 2.0, self.cap)
 
 
+def _median(durations) -> float:
+    return sorted(durations)[len(durations) // 2]
+
+
 def within_spin_seconds(kind) -> float:
     """Seconds a wait of ``kind`` inside an operation polls before it sleeps:
     :data:`WITHIN_SPIN_SECONDS` until :data:`HISTORY` ``// 2`` such waits are
     known and while the median of the last :data:`HISTORY` ended within it,
     else :data:`SPIN_SECONDS` (see the module)."""
-    durations = _WITHIN_HISTORY.get(kind)
-    if durations is None or len(durations) < HISTORY // 2:
+    durations = _WITHIN_HISTORY.get(kind, ())
+    if len(durations) < HISTORY // 2 or _median(durations) <= WITHIN_SPIN_SECONDS:
         return WITHIN_SPIN_SECONDS
-    ordered = sorted(durations)
-    return WITHIN_SPIN_SECONDS if ordered[len(ordered) // 2] <= WITHIN_SPIN_SECONDS \
-        else SPIN_SECONDS
+    return SPIN_SECONDS
 
 
 def within_waits() -> dict:
     """This rank's kinds of waits inside an operation: per kind, the median of its
     last durations (``median_s``), how many (``waits``) and the spin it now uses
     (``spin_s``, :func:`within_spin_seconds`)."""
-    out = {}
-    for kind, durations in _WITHIN_HISTORY.items():
-        ordered = sorted(durations)
-        out[str(kind)] = {"median_s": ordered[len(ordered) // 2], "waits": len(ordered),
-                          "spin_s": within_spin_seconds(kind)}
-    return out
+    return {str(kind): {"median_s": _median(durations), "waits": len(durations),
+                        "spin_s": within_spin_seconds(kind)}
+            for kind, durations in _WITHIN_HISTORY.items()}
 
 
 def _remember_within(kind, seconds: float) -> None:
     durations = _WITHIN_HISTORY.get(kind)
     if durations is None:
-        from collections import deque
-
         durations = _WITHIN_HISTORY[kind] = deque(maxlen=HISTORY)
     durations.append(seconds)
 
@@ -201,19 +199,14 @@ def wait(requests, cap=None, within=False) -> None:
     if cap == 0 or (cap is None and spinning()):
         MPI.Request.Waitall(requests)
         return
-    if within is False:
-        if MPI.Request.Testall(requests):
-            return
-        backoff = Backoff(cap, fraction=FRACTION, spin=SPIN_SECONDS)
-        while not MPI.Request.Testall(requests):
-            backoff.pause()
-        return
     start = time.perf_counter()
     if not MPI.Request.Testall(requests):
-        backoff = Backoff(cap, fraction=FRACTION, spin=within_spin_seconds(within))
+        spin = SPIN_SECONDS if within is False else within_spin_seconds(within)
+        backoff = Backoff(cap, fraction=FRACTION, spin=spin)
         while not MPI.Request.Testall(requests):
             backoff.pause()
-    _remember_within(within, time.perf_counter() - start)
+    if within is not False:
+        _remember_within(within, time.perf_counter() - start)
 
 
 def wait_all(requests, while_waiting=None, backoff=None) -> None:
