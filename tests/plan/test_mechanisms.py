@@ -224,3 +224,38 @@ def test_dense_optimizer_pays_its_call_per_tensor_or_the_measured_seconds():
     pred = predict_step(layout, LINKS, CostParams(kernels=kernels), {}, dense_bytes=tensors,
                         include_control=False, optimizer_s=2e-4)
     assert pred.phases["optimizer"] == pytest.approx(2e-4)
+
+
+def test_allgather_push_prices_padded_blocks_where_the_exchange_pads_them():
+    """hpcpax's allgather pads every worker's block to the largest when that adds at most
+    ``PAD_LIMIT`` of the bytes (one ``Iallgather`` of equal blocks): the step model then
+    prices equal blocks of the largest size; past the limit, the blocks as they are."""
+    from hpcpax.comm.sparse_collectives import PAD_LIMIT
+    from hpcpax.plan.traffic import COUNT_BYTES, INDEX_BYTES
+
+    layout = Layout.from_shape(2, 2, 0)  # 4 workers on 2 nodes
+    links = coll.Links(1e-6, 4e9, 5e-6, 1e8)
+    row_bytes = 64
+    block = INDEX_BYTES + row_bytes
+
+    def push_s(sizes):
+        ids = [np.arange(n) for n in sizes]
+        routing = {"t": routing_from_ids(layout, "allgather", 10_000, row_bytes, ids)}
+        pred = predict_step(layout, links, CostParams(), routing, include_control=False)
+        return pred.phases["push"]
+
+    nodes = [0, 0, 1, 1]
+    counts = coll.allgatherv(nodes, COUNT_BYTES, links).seconds
+    # small blocks: MPICH's recursive doubling, whose rounds carry the sums of blocks
+    near = [100, 64, 100, 64]  # padding adds 72 rows to 328: under the limit
+    assert 4 * 100 <= (1 + PAD_LIMIT) * sum(near)
+    padded = coll.allgatherv(nodes, 100.0 * block, links)
+    as_is = coll.allgatherv(nodes, np.array(near, float) * block, links)
+    assert padded.algorithm == as_is.algorithm == "recursive_doubling"
+    assert padded.seconds > as_is.seconds
+    padded = padded.seconds
+    assert push_s(near) == pytest.approx(counts + padded)
+    far = [100, 10, 10, 10]  # padding would more than double the bytes
+    assert 4 * 100 > (1 + PAD_LIMIT) * sum(far)
+    assert push_s(far) == pytest.approx(
+        counts + coll.allgatherv(nodes, np.array(far, float) * block, links).seconds)
