@@ -147,7 +147,29 @@ def read_run(run_dir, args, method):
         # the machine's: all ranks' CPU seconds over cores x wall, the busiest step
         # (every rank is a worker here, so the workers' figures are all ranks')
         "cpu_busy_max": max(sum(r.get("cpu_busy") or [0.0]) / cores for r in rows),
+        # the same inside each exchange phase (the ranks' work comes in bursts there)
+        "cpu_busy_phase_max": phase_cpu_busy(rows, cores, args.time_dilation, comm_phases),
     }
+
+
+#: phases shorter than this share of the step are left out of ``phase_cpu_busy``: their
+#: wall seconds (the workers' mean) are too short to hold their CPU seconds' bookkeeping
+MIN_PHASE_SHARE = 0.1
+
+
+def phase_cpu_busy(rows, cores, dilation, phases):
+    """Median over the steps of the busiest exchange phase's CPU demand: every worker's
+    CPU seconds in the phase over cores x the phase's wall seconds (real: x dilation),
+    phases of at least ``MIN_PHASE_SHARE`` of the step. Near 1, the phase waited for
+    the cores, whatever the step's own busy fraction."""
+    busiest = []
+    for r in rows:
+        demand = [r["cpu_by_phase"][p] / (cores * r["time"][p] * dilation)
+                  for p in phases if r.get("cpu_by_phase", {}).get(p)
+                  and r["time"].get(p, 0.0) >= MIN_PHASE_SHARE * r["seconds"]]
+        if demand:
+            busiest.append(max(demand))
+    return round(_common.median(busiest), 4) if busiest else None
 
 
 def plan_methods(run_dir):

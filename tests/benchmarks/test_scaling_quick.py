@@ -42,6 +42,10 @@ def test_scaling_quick_runs_every_method_on_emulated_accelerators():
         if name == "torch":  # DDP's reductions after the same emulated compute
             assert entry["wire_bytes_per_step"]["median"] > 0
             continue
+        # the busiest exchange phase's CPU demand (None: every exchange phase under a
+        # tenth of the step): a fraction of the cores
+        phase = entry["cpu_busy_phase_max"]
+        assert phase is None or 0 < phase < 2, (name, phase)
         # counted off-node bytes = the protocol's formula on the same ids (no trees on 2)
         assert all(abs(v - 1) < 0.01 for v in entry["offnode_vs_predicted"]), name
         # lm1b: 100 ms per 128 samples per worker, reported undilated
@@ -49,3 +53,4 @@ def test_scaling_quick_runs_every_method_on_emulated_accelerators():
         assert entry["wire_bytes_per_step"]["median"] > entry["offnode_bytes_per_step"][
             "median"] > 0, name
     assert math.isfinite(result["ratio_hybrid_vs_allgather_2"])
+    assert 0 < result["cpu_busy_phase_max"] < 2
