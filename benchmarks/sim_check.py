@@ -10,13 +10,19 @@ that configuration, builds the simulator's inputs (:mod:`hpcpax.plan.sim`):
   the very batches the run trained on (the same synthetic stream, shuffle
   and seed as ``_cluster_lm_job.py``'s trainer, the timed steps): distinct
   rows per worker (``alpha``) and lookups per distinct row
-  (``duplicate_ratio``). The compute is the run's emulated one
-  (``--emulate-compute``; ``lm1b``: 100 ms per 128 samples per worker).
-* the cluster: one worker per node, ``servers_per_node`` 0 (every worker
-  hosts partitions), links of the results' undilated rate per direction,
+  (``duplicate_ratio``), and the distinct rows of a node's workers together
+  (``alpha_node``, what local aggregation sends). The compute is the run's
+  emulated one (``--emulate-compute``; ``lm1b``: 100 ms per 128 samples per
+  worker).
+* the cluster: the run's workers per node (``ranks_per_node``, 1 unless
+  the file says otherwise), ``servers_per_node`` 0 (every worker hosts
+  partitions), links of the results' undilated rate per direction,
   latency the added delay (0 unless the file says otherwise) plus a TCP
   round trip through this host's kernel (loopback, measured here and
   divided by the dilation: the nodes' links are veths of one kernel);
+  inside a node MPICH's shared memory (two copies a message: half this
+  host's measured copy rate, undilated by multiplying it by the dilation;
+  an assumption, labelled in the output);
 * hpcpax's CPU costs measured here before comparing, never fitted to the
   results: kernel rates (:func:`hpcpax.plan.kernel_rates.measure_kernel_rates`)
   and the per-operation host path (:func:`hpcpax.tune.calibrate.measure_software`,
@@ -34,13 +40,13 @@ that configuration, builds the simulator's inputs (:mod:`hpcpax.plan.sim`):
 Then the simulator predicts each measured method (``hybrid`` -> hybrid,
 ``allgather`` -> horovod, ``ps_no_aggregation`` -> ps, ``allreduce`` ->
 allreduce, ``auto`` -> auto) at each node count; measured step seconds are
-``per_worker * nodes / samples_per_s`` (median). Beside them,
+``per_worker * workers / samples_per_s`` (median). Beside them,
 ``sim_paper_shape``: the simulator's hybrid/Horovod throughput ratios for
 ``lm1b`` on ``parallax_8x6`` at 6/12/24/48 GPUs against the paper's
 (Parallax, EuroSys'19: 1.30, 3.22, 5.88, 7.03), true when they are within
 30 % at 12, 24 and 48 GPUs and the Horovod curve falls from 12 to 48 GPUs.
 
-Keys: ``methods`` (per method and node count: ``measured_step_s``,
+Keys: ``ranks_per_node``, ``methods`` (per method and node count: ``measured_step_s``,
 ``sim_step_s``, ``relative_error``), ``sim_error_median``,
 ``sim_error_max`` (absolute relative errors over all of them; the issue's
 goals: <= 0.15 and <= 0.3), ``sim_paper_shape`` (bool),
@@ -76,6 +82,9 @@ STRATEGY_OF = {"hybrid": "hybrid", "auto": "auto", "allgather": "horovod",
 #: Parallax (EuroSys'19), LM-1B on 8 machines x 6 TITAN Xp, words/s at 6/12/24/48 GPUs
 PAPER_WORDS_PER_S = {"hybrid": {6: 87.9e3, 12: 149.5e3, 24: 249.5e3, 48: 276.8e3},
                      "horovod": {6: 67.7e3, 12: 46.5e3, 24: 42.4e3, 48: 39.4e3}}
+#: MPICH's shared-memory latency inside a node (real seconds; assumed) and the copy
+#: rate used when this host's is not measured (``--no-measure``)
+SHM_LATENCY_S, COPY_BPS = 1e-6, 5e9
 #: the paper-shape goal: ratios within this of the paper's at these GPU counts
 PAPER_TOLERANCE, PAPER_CHECKED_GPUS = 0.3, (12, 24, 48)
 
@@ -86,9 +95,14 @@ def newest_results():
     return found[-1] if found else None
 
 
+def workers_per_node(results) -> int:
+    """The run's workers on each node (``scaling.py --ranks-per-node``; 1 before it)."""
+    return int(results.get("ranks_per_node") or 1)
+
+
 def measured_steps(results) -> dict:
     """``{method: {nodes: step seconds}}`` from the results (median samples/s)."""
-    out = {}
+    out, per_node = {}, workers_per_node(results)
     for key, entry in results.items():
         if not key.startswith("nodes_") or not isinstance(entry, dict):
             continue
@@ -98,7 +112,8 @@ def measured_steps(results) -> dict:
                 continue
             rate = figures["samples_per_s"]["median"]
             if rate:
-                out.setdefault(method, {})[nodes] = results["per_worker"] * nodes / rate
+                out.setdefault(method, {})[nodes] = (results["per_worker"] * nodes * per_node
+                                                     / rate)
     return out
 
 
@@ -113,27 +128,36 @@ def lm_model(results):
 
 
 def measured_access(results, nodes: int) -> dict:
-    """``{table: (alpha, duplicate_ratio)}`` over the run's timed steps on ``nodes``
-    workers: the trainer's synthetic stream (``_cluster_lm_job.py``: shuffled, seed 0,
-    ``max(200,000, 32 x global batch)`` tokens, Zipf 1.1) read as it reads it."""
+    """``{table: (alpha, duplicate_ratio, alpha_node)}`` over the run's timed steps on
+    ``nodes`` nodes: the trainer's synthetic stream (``_cluster_lm_job.py``: shuffled,
+    seed 0, ``max(200,000, 32 x global batch)`` tokens, Zipf 1.1) read as it reads it;
+    worker ``w`` on node ``w // workers_per_node`` (``mpirun -ppn``'s order)."""
     from hpcpax.data import open_dataset
 
     sizes, model = results["model"], lm_model(results)
-    batch = results["per_worker"] * nodes
+    per_node = workers_per_node(results)
+    workers = nodes * per_node
+    batch = results["per_worker"] * workers
     reader = open_dataset("synthetic", "lm", num_tokens=max(200_000, 8 * batch * 4),
                           vocab_size=sizes["vocab-size"], context=sizes["context"],
                           shuffle=True, seed=0)
     first = sizes["plan-steps"] + sizes["warmup"] + 1
-    lookups, distinct = {}, {}
+    lookups, distinct, on_node = {}, {}, {}
     for step in range(first, sizes["steps"] + 1):
-        for worker in range(nodes):
-            ids = model.sparse_ids(reader.batch(step - 1, batch, worker, nodes), step)
+        node_ids = {}
+        for worker in range(workers):
+            ids = model.sparse_ids(reader.batch(step - 1, batch, worker, workers), step)
             for name, values in ids.items():
-                lookups[name] = lookups.get(name, 0) + np.asarray(values).size
-                distinct[name] = distinct.get(name, 0) + np.unique(np.asarray(values)).size
-    samples = (sizes["steps"] - first + 1) * nodes
+                values = np.unique(np.asarray(values))
+                lookups[name] = lookups.get(name, 0) + np.asarray(ids[name]).size
+                distinct[name] = distinct.get(name, 0) + values.size
+                node_ids.setdefault((name, worker // per_node), []).append(values)
+        for (name, _), parts in node_ids.items():
+            on_node[name] = on_node.get(name, 0) + np.unique(np.concatenate(parts)).size
+    steps = sizes["steps"] - first + 1
     rows = sizes["vocab-size"]
-    return {name: (distinct[name] / samples / rows, lookups[name] / distinct[name])
+    return {name: (distinct[name] / (steps * workers) / rows, lookups[name] / distinct[name],
+                   on_node[name] / (steps * nodes) / rows)
             for name in lookups}
 
 
@@ -143,8 +167,8 @@ def model_preset(results, nodes: int) -> dict:
     access = measured_access(results, nodes)
     widths = {s.name: s.dim for s in model.sparse_specs()}
     variables = [{"name": name, "kind": "sparse", "shape": [model.vocab_size, widths[name]],
-                  "alpha": alpha, "alpha_node": alpha, "duplicate_ratio": ratio}
-                 for name, (alpha, ratio) in access.items()]
+                  "alpha": alpha, "alpha_node": alpha_node, "duplicate_ratio": ratio}
+                 for name, (alpha, ratio, alpha_node) in access.items()]
     variables += [{"name": name, "kind": "dense", "shape": list(shape)}
                   for name, shape in model.dense_shapes().items()]
     # the emulated forward/backward of a worker's samples (undilated: dilation 1)
@@ -190,16 +214,27 @@ def tcp_round_trip_s(repeats: int = 300) -> float:
     return float(np.median(times))
 
 
+def copy_Bps(nbytes: int = 16 << 20, repeats: int = 9) -> float:
+    """Median bytes per second of one ``nbytes`` memory copy on this host."""
+    source, target = np.ones(nbytes, np.uint8), np.empty(nbytes, np.uint8)
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        np.copyto(target, source)
+        times.append(time.perf_counter() - start)
+    return nbytes / float(np.median(times))
+
+
 def measure_inputs(dim: int) -> dict:
     """This machine's CPU costs (real seconds): kernel rates, per-operation host path,
-    TCP round trip. Not collective."""
+    TCP round trip, memory copy rate. Not collective."""
     from hpcpax.plan.kernel_rates import measure_kernel_rates
     from hpcpax.tune.calibrate import measure_software
 
     return {"kernels": measure_kernel_rates(dim, "float32", sparse_optimizer="sgd",
                                             dense_optimizer="sgd", cache=False),
             "software": measure_software(repeats=15),
-            "tcp_round_trip_s": tcp_round_trip_s()}
+            "tcp_round_trip_s": tcp_round_trip_s(), "copy_Bps": copy_Bps()}
 
 
 def _scaled(table: dict, factor: float) -> dict:
@@ -214,23 +249,30 @@ def cluster_preset(results, nodes: int, inputs: dict | None) -> dict:
     dilation = float(results.get("dilation", 1.0))
     bandwidth = parse_rate(results["rate"]) / 8.0
     latency = parse_delay(results.get("delay", "0"))
+    per_node = workers_per_node(results)
+    ranks = nodes * per_node
     cost = {"partition_overhead_per": "exchange"}
+    # inside a node: MPICH's shared memory, two copies a message (undilated: x dilation)
+    intra = {"latency_s": SHM_LATENCY_S / dilation,
+             "bandwidth_Bps": ((inputs or {}).get("copy_Bps") or COPY_BPS)
+             / 2.0 * dilation}
     if inputs:
         latency += inputs["tcp_round_trip_s"] / 2 / dilation
         # the ranks' simultaneous local work shares the host's cores (assumed fair share)
-        share = max(1.0, nodes / float(results.get("cores") or nodes))
+        share = max(1.0, ranks / float(results.get("cores") or ranks))
         cost.update(kernels=_scaled(inputs["kernels"], share / dilation),
                     software=_scaled(inputs["software"], share / dilation),
                     software_scope="process")
     link = {"latency_s": latency, "bandwidth_Bps": bandwidth}
     cluster = {"name": f"emulated {results['rate']} x {nodes}", "num_nodes": nodes,
-               "gpus_per_node": 1, "servers_per_node": 0, "intra": dict(link),
-               "inter": dict(link), "cost": cost}
+               "gpus_per_node": per_node, "servers_per_node": 0,
+               "intra": intra if per_node > 1 else dict(link), "inter": dict(link),
+               "cost": cost}
     if inputs and results.get("cores"):
         from hpcpax.plan.sim import oversubscription_round_wait
 
         cluster["round_wait_s"] = oversubscription_round_wait(
-            nodes, int(results["cores"]), spin_of(results, nodes)) / dilation
+            ranks, int(results["cores"]), spin_of(results, nodes)) / dilation
     return cluster
 
 
@@ -305,17 +347,13 @@ def main(argv=None) -> int:
         _common.emit(out)
         return 0
     results = json.load(open(path, encoding="utf-8"))
-    if int(results.get("ranks_per_node", 1)) != 1:
-        out["skipped"] = ("the check models one worker per node; this run had "
-                          f"{results['ranks_per_node']} per node")
-        _common.emit(out)
-        return 0
     inputs = None if args.no_measure else measure_inputs(int(results["model"]["emb-dim"]))
     methods = compare(results, inputs)
     errors = [abs(e["relative_error"]) for per in methods.values() for e in per.values()]
     out.update({
         "rate": results.get("rate"), "dilation": results.get("dilation"),
-        "rounds": results.get("rounds"), "methods": methods,
+        "rounds": results.get("rounds"), "ranks_per_node": workers_per_node(results),
+        "methods": methods,
         "sim_error_median": float(np.median(errors)) if errors else None,
         "sim_error_max": max(errors) if errors else None,
         **paper_shape(),
@@ -323,7 +361,10 @@ def main(argv=None) -> int:
                     "cpu_share_assumption": "CPU costs x max(1, ranks / cores) / dilation; "
                                             "each collective round waits "
                                             "(ranks / cores - 1) x spin / 2 / dilation "
-                                            "(spin: the run's wait_within)",
+                                            "(spin: the run's wait_within); inside a "
+                                            "node, shared memory at half copy_Bps "
+                                            "x dilation",
+                    "copy_Bps": inputs["copy_Bps"],
                     "kernels": inputs["kernels"], "software": inputs["software"]}
                    if inputs else {"measured_here": False}),
     })

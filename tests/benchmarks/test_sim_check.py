@@ -73,12 +73,33 @@ def test_the_round_wait_uses_the_spin_the_run_recorded():
     assert wait == pytest.approx(7 * (SPIN_SECONDS + WITHIN_SPIN_SECONDS) / 4 / 4.0)
 
 
-def test_a_run_with_several_workers_a_node_is_skipped_with_the_reason(tmp_path):
-    results = tmp_path / "scaling.json"
-    results.write_text(json.dumps({"benchmark": "scaling", "ranks_per_node": 2}))
-    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "sim_check.py"),
-                           "--results", str(results), "--no-measure"], cwd=ROOT,
-                          capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    out = json.loads(done.stdout.strip().splitlines()[-1])
-    assert "2 per node" in out["skipped"] and "methods" not in out
+def test_several_workers_a_node_are_modeled_with_shared_memory_inside_the_node():
+    """``scaling.py --ranks-per-node 2``: the sim's cluster holds 2 workers a node that
+    talk through MPICH's shared memory (half the copy rate, undilated), the CPU share
+    and the round wait count every rank, the measured step is every worker's samples,
+    and a node's distinct rows (local aggregation's) lie between one worker's and two's."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import sim_check
+    from hpcpax.comm.polling import SPIN_SECONDS
+
+    sizes = {"vocab-size": 20_000, "emb-dim": 8, "out-dim": 8, "hidden": 16,
+             "num-sampled": 64, "context": 4, "steps": 6, "plan-steps": 1, "warmup": 1}
+    within = {"rows": {"spin_s": SPIN_SECONDS}}
+    results = {"rate": "125mbit", "dilation": 4.0, "cores": 2, "per_worker": 64,
+               "model": sizes, "ranks_per_node": 2,
+               "nodes_4": {"hybrid": {"samples_per_s": {"median": 1000.0},
+                                      "wait_within": within}}}
+    inputs = {"tcp_round_trip_s": 0.0, "kernels": {}, "software": {}, "copy_Bps": 8e9}
+    cluster = sim_check.cluster_preset(results, 4, inputs)
+    assert cluster["gpus_per_node"] == 2 and cluster["num_nodes"] == 4
+    assert cluster["intra"]["bandwidth_Bps"] == pytest.approx(8e9 / 2 * 4.0)
+    assert cluster["inter"]["bandwidth_Bps"] == pytest.approx(125e6 / 8)
+    # 8 ranks on 2 cores: 3 ranks ahead of each, half-way through their spin, undilated
+    assert cluster["round_wait_s"] == pytest.approx(3 * SPIN_SECONDS / 2 / 4.0)
+    assert sim_check.measured_steps(results) == {"hybrid": {4: pytest.approx(64 * 8 / 1000)}}
+    access = sim_check.measured_access(results, 4)
+    one = sim_check.measured_access(dict(results, ranks_per_node=1), 8)
+    for name, (alpha, duplicates, alpha_node) in access.items():
+        assert alpha == pytest.approx(one[name][0]) and duplicates == pytest.approx(one[name][1])
+        assert one[name][2] == pytest.approx(one[name][0])  # one worker a node: the same
+        assert alpha < alpha_node <= 2 * alpha, name
