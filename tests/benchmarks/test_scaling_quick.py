@@ -53,4 +53,7 @@ def test_scaling_quick_runs_every_method_on_emulated_accelerators():
         assert entry["wire_bytes_per_step"]["median"] > entry["offnode_bytes_per_step"][
             "median"] > 0, name
     assert math.isfinite(result["ratio_hybrid_vs_allgather_2"])
-    assert 0 < result["cpu_busy_phase_max"] < 2
+    # the busiest over the methods (None where the tiny model's exchanges are all short)
+    phases = [e["cpu_busy_phase_max"] for e in methods.values()
+              if e.get("cpu_busy_phase_max") is not None]
+    assert result["cpu_busy_phase_max"] == (max(phases) if phases else None)
