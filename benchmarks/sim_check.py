@@ -148,10 +148,10 @@ def measured_access(results, nodes: int) -> dict:
         for worker in range(workers):
             ids = model.sparse_ids(reader.batch(step - 1, batch, worker, workers), step)
             for name, values in ids.items():
-                values = np.unique(np.asarray(values))
-                lookups[name] = lookups.get(name, 0) + np.asarray(ids[name]).size
-                distinct[name] = distinct.get(name, 0) + values.size
-                node_ids.setdefault((name, worker // per_node), []).append(values)
+                unique = np.unique(np.asarray(values))
+                lookups[name] = lookups.get(name, 0) + np.asarray(values).size
+                distinct[name] = distinct.get(name, 0) + unique.size
+                node_ids.setdefault((name, worker // per_node), []).append(unique)
         for (name, _), parts in node_ids.items():
             on_node[name] = on_node.get(name, 0) + np.unique(np.concatenate(parts)).size
     steps = sizes["steps"] - first + 1
