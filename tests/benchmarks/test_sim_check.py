@@ -54,6 +54,52 @@ def test_paper_shape_figures(report):
     within = all(abs(sim[g] / paper[g] - 1) <= 0.3 for g in ("12", "24", "48"))
     assert report["sim_paper_ratios_within_30pct"] == within
     assert report["sim_paper_shape"] == (within and report["sim_horovod_falling"])
+    # the hybrid curves beside them: the paper's is the chart's words/s over 20 words
+    assert math.isclose(report["paper_hybrid_samples_per_s"]["48"], 276.8e3 / 20, rel_tol=1e-6)
+    hybrid = {int(g): v for g, v in report["sim_hybrid_samples_per_s"].items()}
+    ratios = {int(g): v for g, v in report["paper_ratios"].items()}
+    assert math.isclose(hybrid[48] / report["sim_horovod_samples_per_s"]["48"], sim["48"],
+                        rel_tol=1e-9)
+    assert report["sim_paper_shape_reachable_by_horovod"] == (
+        _load_check().horovod_window(hybrid, ratios) is not None)
+    if report["sim_paper_shape"]:
+        assert report["sim_paper_shape_reachable_by_horovod"]
+
+
+def _load_check():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import sim_check
+    return sim_check
+
+
+def test_horovod_window_beside_the_papers_own_hybrid_is_the_papers_horovod_shape():
+    check = _load_check()
+    words = check.PAPER_WORDS_PER_S
+    hybrid = {g: w / 20 for g, w in words["hybrid"].items()}
+    ratios = {g: words["hybrid"][g] / words["horovod"][g] for g in words["hybrid"]}
+    curve = check.horovod_window(hybrid, ratios)
+    assert curve is not None and list(curve) == [12, 24, 48]
+    assert curve[12] > curve[24] > curve[48]
+    for g, value in curve.items():  # each point inside its 30 % interval
+        assert 0.7 - 1e-12 <= hybrid[g] / value / ratios[g] <= 1.3 + 1e-12
+    # the paper's own Horovod is one of the curves the window allows, and lies under it
+    for g in curve:
+        assert words["horovod"][g] / 20 <= curve[g]
+
+
+def test_horovod_window_is_empty_beside_a_hybrid_that_scales_linearly():
+    check = _load_check()
+    ratios = {12: 3.22, 24: 5.88, 48: 7.03}
+    # hybrid doubling with the GPUs: Horovod must sit in [h/(1.3 r), h/(0.7 r)], so at
+    # 48 GPUs at least 4 x 1000 / (1.3 x 7.03) = 437.7, at 12 at most 1000 / (0.7 x 3.22)
+    # = 443.7; falling then needs 24's point in (437.7, 443.7] and within 2000 / (1.3 x
+    # 5.88) = 261.6 .. 485.9: it fits, barely
+    assert check.horovod_window({12: 1000, 24: 2000, 48: 4000}, ratios) is not None
+    # a little faster at 48 GPUs and no falling curve is left
+    assert check.horovod_window({12: 1000, 24: 2000, 48: 4100}, ratios) is None
+    # the ceiling binds: the next point is strictly under the previous one
+    flat = check.horovod_window({12: 1000, 24: 1000, 48: 1000}, {12: 1.0, 24: 1.0, 48: 1.0})
+    assert flat[12] > flat[24] > flat[48] > 1000 / 1.3
 
 
 def test_the_round_wait_uses_the_spin_the_run_recorded():
