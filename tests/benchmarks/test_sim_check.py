@@ -59,7 +59,7 @@ def test_paper_shape_figures(report):
     hybrid = {int(g): v for g, v in report["sim_hybrid_samples_per_s"].items()}
     ratios = {int(g): v for g, v in report["paper_ratios"].items()}
     assert math.isclose(hybrid[48] / report["sim_horovod_samples_per_s"]["48"], sim["48"],
-                        rel_tol=1e-9)
+                        rel_tol=1e-4)  # the report's figures are rounded to 6 digits
     assert report["sim_paper_shape_reachable_by_horovod"] == (
         _load_check().horovod_window(hybrid, ratios) is not None)
     if report["sim_paper_shape"]:
