@@ -18,6 +18,13 @@ RESULTS = ROOT / "benchmarks" / "results" / "2026-12-05-scaling.json"
 METHODS = {"hybrid", "auto", "allgather", "ps_no_aggregation", "allreduce"}
 
 
+def _load_check():
+    """The benchmark module (``benchmarks/`` is not a package)."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import sim_check
+    return sim_check
+
+
 @pytest.fixture(scope="module")
 def report():
     done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "sim_check.py"),
@@ -66,12 +73,6 @@ def test_paper_shape_figures(report):
         assert report["sim_paper_shape_reachable_by_horovod"]
 
 
-def _load_check():
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    import sim_check
-    return sim_check
-
-
 def test_horovod_window_beside_the_papers_own_hybrid_is_the_papers_horovod_shape():
     check = _load_check()
     words = check.PAPER_WORDS_PER_S
@@ -103,8 +104,7 @@ def test_horovod_window_is_empty_beside_a_hybrid_that_scales_linearly():
 
 
 def test_the_round_wait_uses_the_spin_the_run_recorded():
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    import sim_check
+    sim_check = _load_check()
     from hpcpax.comm.polling import SPIN_SECONDS, WITHIN_SPIN_SECONDS
 
     within = {"counts": {"spin_s": SPIN_SECONDS}, "rows": {"spin_s": WITHIN_SPIN_SECONDS}}
@@ -124,8 +124,7 @@ def test_several_workers_a_node_are_modeled_with_shared_memory_inside_the_node()
     talk through MPICH's shared memory (half the copy rate, undilated), the CPU share
     and the round wait count every rank, the measured step is every worker's samples,
     and a node's distinct rows (local aggregation's) lie between one worker's and two's."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    import sim_check
+    sim_check = _load_check()
     from hpcpax.comm.polling import SPIN_SECONDS
 
     sizes = {"vocab-size": 20_000, "emb-dim": 8, "out-dim": 8, "hidden": 16,
