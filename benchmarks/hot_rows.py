@@ -8,8 +8,11 @@ point-to-point messages among the tree's members, in pieces of
 the plan's decision (``--rule model``, the default): the cost model
 (:func:`hpcpax.plan.hot_rows_cost.decide`) on the fabric measured at the
 start, as ``--plan auto``/``hybrid`` do; ``--rule M`` is the fixed rule
-(groups of >= M nodes, ``HPCPAX_HOT_ROWS_MIN_BYTES``). Uniform ids share
-few rows: no tree should be chosen.
+(groups of >= M nodes, ``HPCPAX_HOT_ROWS_MIN_BYTES``); ``--rule relays``
+takes the other route (:mod:`hpcpax.ps.hot_rows.relays`: every row two or
+more nodes off its owner touch, once to one of them, which forwards it; the
+"trees" mode of the keys then means relays). Uniform ids share few rows: no
+tree should be chosen.
 
 Bytes are measured on the owners (the server ranks: ``pull`` bytes they
 send, ``push`` bytes they receive) and on every rank (``relay``), in one
@@ -140,8 +143,10 @@ def main():
     parser.add_argument("--steps", type=int, default=5, help="steps of each byte pass")
     parser.add_argument("--repeats", type=int, default=7, help="timed steps of each mode")
     parser.add_argument("--rule", default="model",
-                        help="which groups take a tree in the trees runs: model (the plan's "
-                             "cost model on the measured fabric) or M (groups of >= M nodes)")
+                        help="which rows travel once in the trees runs: model (the plan's "
+                             "cost model on the measured fabric), M (groups of >= M nodes) or "
+                             "relays (hpcpax.ps.hot_rows.relays: every row >= 2 nodes off its "
+                             "owner share, through one of them)")
     parser.add_argument("--hot-set-nodes", type=int, default=0,
                         help="the hot set: ids at least this many nodes draw in a step "
                              "(default 0: every node)")
@@ -173,8 +178,8 @@ def main():
     cdf = _common.zipf_cdf(args.rows, 1.1)
     fabric = measure_fabric(topo, budget_s=2.0)
     row_bytes = args.dim * 4
-    entry = (decide(topo.num_nodes, row_bytes, fabric, topo.size) if args.rule == "model"
-             else decide(topo.num_nodes, row_bytes, fabric, topo.size, setting=int(args.rule)))
+    setting = {"model": "auto", "relays": "relays"}.get(args.rule) or int(args.rule)
+    entry = decide(topo.num_nodes, row_bytes, fabric, topo.size, setting=setting)
     off = {"min_nodes": 0, "min_saved_bytes": [], "reason": "hot rows: off"}
     chunk = hpcpax.options.hot_rows_chunk_bytes
     result = {"benchmark": "hot_rows", "ranks": topo.size, "servers": len(topo.server_ranks),
@@ -183,8 +188,9 @@ def main():
               "ids_per_worker": args.ids, "zipf_s": 1.1, "hot_set_nodes": args.hot_set_nodes,
               "rule": args.rule, "decision": entry, "fabric": fabric.to_dict(), "plan": "ps",
               "methods": {"today": "ps, local aggregation, hot rows off",
-                          "trees": f"ps, local aggregation, hot rows: {entry['reason']}, "
-                                   f"pieces of {chunk} B (point-to-point)"},
+                          "trees": f"ps, local aggregation, {entry['reason']}"
+                                   + ("" if entry.get("route") == "relays" else
+                                      f", pieces of {chunk} B (point-to-point)")},
               "chunk_bytes": chunk, "links": args.links, "dilation": args.dilation,
               "wait": hpcpax.options.wait, "poll_seconds": hpcpax.options.poll_seconds}
     bytes_ = {f"{kind}_{mode}": byte_pass(topo, args, cdf, kind,

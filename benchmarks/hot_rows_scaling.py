@@ -34,6 +34,9 @@ steps) is at most
 ``--cpu-busy-limit`` (0.6): then the links and the trees set the step time,
 not a queue for the cores.
 
+``--rule relays``: the relays' route instead of trees (``hot_rows.py
+--rule``); the keys keep the name ``trees`` for the mode with hot rows on.
+
 Keys, per node count (``nodes_N``): ``ratio_step_time_before_vs_after``
 (Zipf, today / trees), ``ratio_step_time_hot_set``, ``ratio_uniform``,
 ``hot_share_owner_bytes``, the owner egress/ingress ratios (Zipf and hot

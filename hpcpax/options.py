@@ -55,6 +55,16 @@ def _seconds(text):
     return value
 
 
+def _share(text):
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError("a number from 0 to 1") from None
+    if not 0 <= value <= 1:
+        raise ValueError("a number from 0 to 1")
+    return value
+
+
 def _switch(text):
     if text not in ("0", "1"):
         raise ValueError("0 or 1")
@@ -185,6 +195,9 @@ OPTIONS = (
            "hot rows: a group larger than this goes in pieces of about this size, each "
            "forwarded down its chain as soon as it arrives (pipelining; 0: whole groups, "
            "binomial trees above 3 nodes)", agree=True),
+    Option("hot_rows_relay_share", _share, 0.2,
+           "hot rows by relays: an owner relays an operation's shared rows only when that "
+           "takes at least this share of the row copies off its link (0 to 1)", agree=True),
 )
 _BY_NAME = {option.name: option for option in OPTIONS}
 

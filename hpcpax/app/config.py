@@ -85,7 +85,8 @@ FLAGS = (
          "(measure, then Parallax's rule), ps, allgather, allreduce (every sparse variable "
          "so), or a JSON plan file (a saved plan.json or {name: {method, partitions}})"),
     Flag("hot_rows", "str", "auto", "auto (the plan's cost model decides per ps variable if "
-         "rows many nodes touch take trees) or off", ("auto", "off")),
+         "rows many nodes touch take trees), relays (every row two or more nodes off its "
+         "owner touch goes once, through one of them) or off", ("auto", "relays", "off")),
     Flag("hot_rows_trial", "int", 3, "auto/hybrid: when the plan puts rows on trees, time up "
          "to this many pairs of live steps with and without them and keep the faster; trees "
          "a run too short to time are off (0: trust the cost model)", minimum=0),

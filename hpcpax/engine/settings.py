@@ -29,7 +29,8 @@ class PlanSettings:
         replan_threshold: predicted gain a re-plan needs to switch a method.
         fabric_seconds: time budget of the start-up fabric measurement.
         plan_calibrate: ``auto`` times the cost model's constants at start-up.
-        hot_rows: ``off``, or ``auto`` (the plan's cost model decides).
+        hot_rows: ``off``, ``relays`` (:mod:`hpcpax.ps.hot_rows.relays`), or ``auto``
+            (the plan's cost model decides).
         hot_rows_trial: rounds of the live hot-rows trial (0: none).
         steps: the run's length (searches and re-plans leave the end alone).
         resume: the run continues a run directory (a measured plan is reused).

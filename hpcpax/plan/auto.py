@@ -82,7 +82,8 @@ def make_plan(variables, mode: str, topology, fabric, partitions=None,
             ``search["cost_model"]`` says whether it was used and why.
         hot_rows: ``"auto"`` (the cost model of
             :mod:`hpcpax.plan.hot_rows_cost` decides per ``ps`` variable),
-            ``"off"``, an int (the fixed rule), or ``{name: one of these}``.
+            ``"off"``, ``"relays"`` (:mod:`hpcpax.ps.hot_rows.relays`), an int (the fixed
+            rule), or ``{name: one of these}``.
 
     Raises:
         ConfigError: unknown mode, duplicate name, or bad partitions.

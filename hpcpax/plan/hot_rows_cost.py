@@ -154,8 +154,11 @@ def decide(num_nodes: int, row_bytes: int, fabric, ranks: int, setting="auto",
         num_nodes: nodes of the job; row_bytes: bytes of one row.
         fabric: the measured fabric (``Fabric`` or dict), or ``None``.
         ranks: ranks of the job.
-        setting: ``"auto"`` (the cost model), ``"off"``, or an int ``m``
-            (the fixed rule: ``HPCPAX_HOT_ROWS_MIN_BYTES`` for every group).
+        setting: ``"auto"`` (the cost model), ``"off"``, ``"relays"``
+            (:mod:`hpcpax.ps.hot_rows.relays`: every row two or more nodes off
+            its owner's touch, from 3 nodes; ``"route": "relays"``), or an
+            int ``m`` (the fixed rule: ``HPCPAX_HOT_ROWS_MIN_BYTES`` for
+            every group).
         chunk_bytes: ``HPCPAX_HOT_ROWS_CHUNK_BYTES`` (None: the option).
 
     Returns:
@@ -170,8 +173,16 @@ def decide(num_nodes: int, row_bytes: int, fabric, ranks: int, setting="auto",
     if isinstance(setting, int) and not isinstance(setting, bool):
         return {"min_nodes": int(setting), "min_saved_bytes": [],
                 "reason": f"hot rows: fixed rule, groups of >= {setting} nodes"}
+    if setting == "relays":
+        if num_nodes < 3:
+            return {"min_nodes": 0, "min_saved_bytes": [],
+                    "reason": f"hot rows off: relays need >= 3 nodes, not {num_nodes}"}
+        return {"min_nodes": 2, "min_saved_bytes": [], "route": "relays",
+                "reason": "hot rows: relays (rows >= 2 nodes off the owner's share, when "
+                          "that takes >= HPCPAX_HOT_ROWS_RELAY_SHARE off its link)"}
     if setting != "auto":
-        raise ValueError(f"hot_rows must be 'auto', 'off' or an int, not {setting!r}")
+        raise ValueError(f"hot_rows must be 'auto', 'off', 'relays' or an int, "
+                         f"not {setting!r}")
     if fabric is None or num_nodes < 2:
         return {"min_nodes": 0, "min_saved_bytes": [],
                 "reason": "hot rows off: " + ("one node" if num_nodes < 2 else "no fabric")}

@@ -67,7 +67,8 @@ def _plain(value, where: str):
 
 
 def check_hot_rows(value, where: str = "hot_rows") -> dict:
-    """A checked hot-rows entry: ``{"min_nodes", "min_saved_bytes", "reason"}``.
+    """A checked hot-rows entry: ``{"min_nodes", "min_saved_bytes", "reason"}``
+    and, where given, ``"route"`` (``"trees"`` or ``"relays"``).
 
     Accepts such a dict (a saved plan's), ``"off"`` or an int ``m`` (0: off;
     else the fixed rule for groups of ``>= m`` nodes). Not collective.
@@ -85,7 +86,7 @@ def check_hot_rows(value, where: str = "hot_rows") -> dict:
     if not isinstance(value, dict):
         raise ConfigError(f"{where} must be 'off', an int >= 0 or an object, "
                           f"not {type(value).__name__}")
-    unknown = sorted(set(value) - {"min_nodes", "min_saved_bytes", "reason"})
+    unknown = sorted(set(value) - {"min_nodes", "min_saved_bytes", "reason", "route"})
     if unknown:
         raise ConfigError(f"{where} has unknown keys {unknown}")
     nodes = value.get("min_nodes", 0)
@@ -100,13 +101,19 @@ def check_hot_rows(value, where: str = "hot_rows") -> dict:
     reason = value.get("reason", "")
     if not isinstance(reason, str):
         raise ConfigError(f"{where}.reason must be a str, not {type(reason).__name__}")
-    return {"min_nodes": int(nodes), "min_saved_bytes": list(table), "reason": reason}
+    route = value.get("route", "trees")
+    if route not in ("trees", "relays"):
+        raise ConfigError(f"{where}.route must be 'trees' or 'relays', not {route!r}")
+    return {"min_nodes": int(nodes), "min_saved_bytes": list(table), "reason": reason,
+            **({"route": route} if "route" in value else {})}
 
 
 def _hot_cell(value) -> str:
     if value is None:
         return "-"
-    return f">={value['min_nodes']} nodes" if value["min_nodes"] else "off"
+    if not value["min_nodes"]:
+        return "off"
+    return "relays" if value.get("route") == "relays" else f">={value['min_nodes']} nodes"
 
 
 @dataclass
@@ -380,7 +387,8 @@ class Plan:
             [v.name, v.kind, list(v.shape), v.dtype, v.method, v.partitions,
              list(v.owners), v.local_aggregation, v.wire_dtype]
             + ([] if v.hot_rows is None else [v.hot_rows["min_nodes"],
-                                               v.hot_rows["min_saved_bytes"]])
+                                               v.hot_rows["min_saved_bytes"]]
+               + ([v.hot_rows["route"]] if "route" in v.hot_rows else []))
             for v in self.variables.values()
         ]
         text = json.dumps(decisions, separators=(",", ":"))

@@ -23,6 +23,7 @@ import numpy as np
 from ..backend import to_host
 from ..comm.exchange import alltoallv_many, exchange_counts_many
 from ..ops import dedup_sum, partition_pack
+from .hot_rows import relays
 from .hot_rows.routing import HotRows, pull_reply, push_chain
 from .memory import MemoryBudgetError
 
@@ -146,8 +147,9 @@ class DataMovement:
         wanted = owner.send()
         names = [v.spec.name for v in variables]
         if self.hot.classify_pull(names):
-            result, chose = pull_reply(self.topology, variables, owner, wanted, self.hot,
-                                       self._gather)
+            reply = relays.pull_reply if self.hot.route(names) == "relays" else pull_reply
+            result, chose = reply(self.topology, variables, owner, wanted, self.hot,
+                                  self._gather)
             self.hot.pulled(names, chose)
         else:
             rows = [self._gather(v, ids) for v, (ids,) in zip(variables, wanted)]
@@ -179,9 +181,11 @@ class DataMovement:
             for k, (got_ids, got_values) in zip(la, node.send()):
                 with acct.timer("aggregate", variables[k].spec.name):
                     ids[k], values[k] = dedup_sum(got_ids, got_values)
-        if self.hot.chain_push([v.spec.name for v in variables]):
+        names = [v.spec.name for v in variables]
+        if self.hot.chain_push(names):
             hop = self._owner_hop("push", variables, ids, [None] * len(variables))
-            push_chain(self.topology, variables, hop, ids, values, self.hot, self._apply)
+            push = relays.push_relayed if self.hot.route(names) == "relays" else push_chain
+            push(self.topology, variables, hop, ids, values, self.hot, self._apply)
             return
         owner = self._owner_hop("push", variables, ids, values)
         acct.record_owner("ingress", owner.send_counts @ owner.widths)

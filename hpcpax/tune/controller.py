@@ -306,11 +306,12 @@ class PlanController:
             engine.commands.run("hot_rows", settings=hot)
 
     def _hot_rows_setting(self):
-        """``make_plan``'s ``hot_rows``: off, the fixed rule of ``HPCPAX_HOT_ROWS``, or auto."""
+        """``make_plan``'s ``hot_rows``: off, relays, the fixed rule of ``HPCPAX_HOT_ROWS``,
+        or auto."""
         from ..options import options
 
-        if self.engine.settings.plan.hot_rows == "off":
-            return "off"
+        if self.engine.settings.plan.hot_rows in ("off", "relays"):
+            return self.engine.settings.plan.hot_rows
         return options.hot_rows if options.hot_rows >= 2 else "auto"
 
     def current_plan(self):

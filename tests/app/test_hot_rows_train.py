@@ -159,3 +159,36 @@ def test_the_trial_times_trees_on_and_off_and_keeps_the_faster(comm, tmp_path):
     relayed = [bool(lines[s]["bytes"].get("relay")) for s in range(3, 15)]
     ok &= relayed == [True, True, False, False] * 3
     assert comm.allreduce(bool(ok), op=MPI.LAND)
+
+
+@pytest.mark.mpi(min_size=3)
+@pytest.mark.timeout(240)
+def test_hot_rows_relays_from_the_flag_train_as_today(comm, tmp_path):
+    """``--hot-rows relays``: the plan's entries take the relays' route, rows are relayed,
+    and losses and parameters equal a run with hot rows off, bit for bit."""
+    from hpcpax.plan import Plan
+
+    base = comm.bcast(str(tmp_path) if comm.Get_rank() == 0 else None, root=0)
+    steps = {"steps": 6, "plan": "hybrid", "plan_steps": 2, "hot_rows_trial": 0}
+    hpcpax.options.hot_rows_relay_share = 0
+    try:
+        relays = Trainer({**TINY, **steps, "hot_rows": "relays",
+                          "run_dir": os.path.join(base, "relays")}, comm=comm, collect=True)
+        relays.run()
+    finally:
+        del hpcpax.options.hot_rows_relay_share
+    root = relays.topology.worker_ranks[0]
+    relays = comm.bcast((relays.losses, relays.parameters), root=root)
+    plain = Trainer({**TINY, **steps, "hot_rows": "off", "run_dir": os.path.join(base, "off")},
+                    comm=comm, collect=True)
+    plain.run()
+    plain = comm.bcast((plain.losses, plain.parameters), root=root)
+    ok = relays[0] == plain[0] and len(relays[0]) == 6
+    ok &= all(np.array_equal(relays[1][p][k], plain[1][p][k])
+              for p in ("dense", "sparse") for k in relays[1][p])
+    plan = Plan.load(os.path.join(base, "relays", "plan.json"))
+    entry = plan.variables["embedding"].hot_rows
+    ok &= entry["route"] == "relays" and entry["min_nodes"] == 2
+    ok &= relay_bytes(os.path.join(base, "relays")) > 0
+    ok &= relay_bytes(os.path.join(base, "off")) == 0
+    assert comm.allreduce(bool(ok), op=MPI.LAND)

@@ -106,7 +106,7 @@ def test_bad_input():
         tree_gain(1, 10, 256, FREE, ranks=4)
     with pytest.raises(TypeError, match="rows must be int, not float"):
         tree_gain(3, 1.5, 256, FREE, ranks=4)
-    with pytest.raises(ValueError, match="hot_rows must be 'auto', 'off' or an int"):
+    with pytest.raises(ValueError, match="hot_rows must be 'auto', 'off', 'relays' or an int"):
         decide(4, 256, FREE, ranks=8, setting="sometimes")
 
 

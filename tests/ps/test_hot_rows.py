@@ -37,9 +37,12 @@ def step_grad(spec, worker, step):
     return zipf_grad(spec, worker, step, 1.1, 25)
 
 
-def run(topo, la, hot_rows, batched=True):
+def run(topo, la, hot_rows, batched=True, route="trees"):
     """STEPS of pull + push of every variable; ``(pulled, tables, accounting)``."""
     ps = ParameterServer(topo, local_aggregation=la, seed=3, hot_rows=hot_rows)
+    if route == "relays":
+        ps.set_hot_rows({s.name: {"min_nodes": hot_rows, "min_saved_bytes": [],
+                                  "route": "relays"} for s in SPECS})
     pulled = []
     topo.accounting.reset()
     if topo.is_server:
@@ -65,16 +68,18 @@ def run(topo, la, hot_rows, batched=True):
 @pytest.fixture
 def every_row_hot():
     hpcpax.options.hot_rows_min_bytes = 0
+    hpcpax.options.hot_rows_relay_share = 0
     yield
     del hpcpax.options.hot_rows_min_bytes
+    del hpcpax.options.hot_rows_relay_share
 
 
 @pytest.mark.mpi(min_size=2)
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("la", [True, False])
 @pytest.mark.parametrize("servers,rpn", [(0, None), (0, 1), (1, 2), (0, 2)])
-@pytest.mark.parametrize("chunk_bytes", [0, 48])
-def test_hot_rows_equal_todays_path(comm, every_row_hot, la, servers, rpn, chunk_bytes):
+@pytest.mark.parametrize("chunk_bytes,route", [(0, "trees"), (48, "trees"), (0, "relays")])
+def test_hot_rows_equal_todays_path(comm, every_row_hot, la, servers, rpn, chunk_bytes, route):
     if servers and servers >= min(rpn or comm.Get_size(), comm.Get_size()):
         pytest.skip("layout leaves a node with no worker")
     topo = hpcpax.init(ranks_per_node=rpn, servers_per_node=servers)
@@ -82,7 +87,7 @@ def test_hot_rows_equal_todays_path(comm, every_row_hot, la, servers, rpn, chunk
         today = run(topo, la, 0)
         hpcpax.options.hot_rows_chunk_bytes = chunk_bytes  # pipelined pieces: still exact
         try:
-            trees = run(topo, la, 2, batched=comm.Get_size() != 3)
+            trees = run(topo, la, 2, batched=comm.Get_size() != 3, route=route)
         finally:
             del hpcpax.options.hot_rows_chunk_bytes
         ok = True
@@ -94,11 +99,18 @@ def test_hot_rows_equal_todays_path(comm, every_row_hot, la, servers, rpn, chunk
             (t1, s1, c1), (t2, s2, c2) = today[1][spec.name], trees[1][spec.name]
             ok &= np.array_equal(t1, t2)
             ok &= all(np.array_equal(s1[k], s2[k]) for k in s1)
-        # with several sources per row somewhere, the trees must have been used
+        # with several sources per row somewhere, the trees must have been used; relays
+        # need two sources off some owner's node
         relayed = comm.allreduce(trees[2]["phases"].get("relay", {}).get("sent_bytes", 0))
         nodes = {int(topo.node_of[w]) for w in topo.worker_ranks}
         sources = len(nodes) if la else topo.num_workers
-        ok &= (relayed > 0) == (sources >= 2)
+        if route == "trees":
+            ok &= (relayed > 0) == (sources >= 2)
+        else:
+            off = [sum(int(topo.node_of[w]) != int(topo.node_of[o]) for w in topo.worker_ranks)
+                   if not la else len(nodes - {int(topo.node_of[o])})
+                   for o in range(comm.Get_size())]
+            ok &= (relayed > 0) == (max(off) >= 2)
         assert comm.allreduce(bool(ok), op=MPI.LAND)
     finally:
         topo.free()

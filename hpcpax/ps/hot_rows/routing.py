@@ -92,6 +92,7 @@ class HotRows:
         self._min_bytes = min_bytes
         self._thresholds, self._default = {}, None  # set by a plan: per variable, per k
         self.entries = {}  # name -> the plan's entry given to set()
+        self._routes = {}  # name -> "trees" or "relays" (set by a plan; default trees)
         self._wait = {}  # names -> pulls left before the next classification
         self._chose = {}  # name -> whether its last classified pull chose a tree
 
@@ -105,7 +106,8 @@ class HotRows:
 
         ``entry``: ``{"min_nodes": m (0: off), "min_saved_bytes": [] (the
         :attr:`min_bytes` rule) or a list indexed by a group's member count
-        (None: never a tree), "reason": str}``.
+        (None: never a tree), "reason": str}``, optionally ``"route"``:
+        ``"trees"`` (the default) or ``"relays"`` (see :meth:`route`).
         """
         m = entry["min_nodes"]
         if isinstance(m, bool) or not isinstance(m, int) or m < 0:
@@ -113,7 +115,11 @@ class HotRows:
         if not isinstance(self.setting, dict):
             self.setting, self._default = {}, self.setting
         self.setting = {**self.setting, name: int(m)}
+        route = entry.get("route", "trees")
+        if route not in ("trees", "relays"):
+            raise ValueError(f"route must be 'trees' or 'relays', not {route!r}")
         self._thresholds[name] = list(entry.get("min_saved_bytes") or []) or None
+        self._routes[name] = route
         self.entries[name] = dict(entry)
         self._wait = {k: v for k, v in self._wait.items() if name not in k}
 
@@ -148,6 +154,13 @@ class HotRows:
     def chain_push(self, names) -> bool:
         """Whether a push of ``names`` takes the chain (the last pull chose a tree)."""
         return any(self.min_nodes(n) and self._chose.get(n) for n in names)
+
+    def route(self, names) -> str:
+        """How the shared rows of one operation on ``names`` move: ``"relays"``
+        when any of them that has hot rows on was set to relays
+        (:mod:`~hpcpax.ps.hot_rows.relays`), else ``"trees"``."""
+        relays = any(self.min_nodes(n) and self._routes.get(n) == "relays" for n in names)
+        return "relays" if relays else "trees"
 
     def min_nodes(self, name) -> int:
         """Sources a row needs to be hot for variable ``name`` (0: off)."""
