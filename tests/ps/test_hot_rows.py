@@ -15,8 +15,7 @@ import hpcpax
 from hpcpax import ParameterServer, SparseVariableSpec
 from hpcpax.ps.hot_rows.groups import children_of, chunk_sizes, parent_of
 from hpcpax.ps.hot_rows.routing import HotRows, classify
-from hpcpax.ps.sparse_grad import SparseGrad
-from step_data import zipf_grad, zipf_ids
+from step_data import pull_push_bytes, zipf_grad, zipf_ids
 
 SPECS = [
     SparseVariableSpec("a", rows=120, dim=3, dtype="float64", optimizer="adagrad",
@@ -253,11 +252,7 @@ def test_hot_rows_bytes_equal_the_formula(comm, every_row_hot, chunk_bytes):
         ps = ParameterServer(topo, seed=1, hot_rows=2)
         ps.register([spec])
         uniq = {w: np.unique(step_ids(spec, i, 0)) for i, w in enumerate(topo.worker_ranks)}
-        topo.accounting.reset()
-        ps.pull_unique("h", uniq[topo.rank])
-        ps.push("h", SparseGrad(uniq[topo.rank], np.ones((len(uniq[topo.rank]), 4)), 200))
-        got = {p: topo.accounting.phase(p)["sent_bytes"] for p in ("pull", "push", "relay")}
-        got.update((d, topo.accounting.owner[d]) for d in ("egress", "ingress"))
+        got = pull_push_bytes(topo, ps, spec, uniq[topo.rank])
         # one node per rank: every owner byte leaves its node
         ok = all(topo.accounting.owner[d + "_inter"] == topo.accounting.owner[d]
                  for d in ("egress", "ingress"))

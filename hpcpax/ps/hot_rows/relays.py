@@ -46,11 +46,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...backend import to_host
 from ...comm.exchange import alltoallv_many, exchange_counts_many
 from ...comm.polling import wait
 from ...options import options
-from .routing import _assemble, poll_cap
+from .routing import assemble_rows, finish_push, poll_cap
 from .trees import TreeTraffic
 
 __all__ = ["ROUTES", "choose_relays", "pull_reply", "push_relayed"]
@@ -179,7 +178,7 @@ def pull_reply(topology, variables, hop, wanted, policy, gather) -> tuple:
     cap = poll_cap(topology)
     traffic.run(cap)
     wait([agreement], cap)
-    return [_assemble(hop, k, hot_rows[k], out[2 * k + 1][0], var)
+    return [assemble_rows(hop, k, hot_rows[k], out[2 * k + 1][0], var)
             for k, var in enumerate(variables)], bool(agreed[0])
 
 
@@ -256,32 +255,9 @@ def push_relayed(topology, variables, hop, ids, values, policy, apply) -> None:
                            lambda arrays, part=part, k=k: finals[k].append((part, arrays[0])))
         codes.append(code)
         cold_masks.append(relay < 0)
-    mine = hop.reply(codes)
-    send_cold = np.zeros((size, len(variables)), np.int64)
-    recv_cold = np.zeros((size, len(variables)), np.int64)
-    arrays = []
-    for k, var in enumerate(variables):
-        order = hop.orders[k]
-        p_ids = hop.arrays[k][0]
-        p_values = np.asarray(to_host(values[k]), var.spec.dtype)[order]
-        code = mine[k][order]
-        owner_of = np.repeat(np.arange(size), hop.send_counts[:, k])
-        cold = code[:, 0] < 0
-        send_cold[:, k] = np.bincount(owner_of[cold], minlength=size)
-        recv_cold[:, k] = np.bincount(
-            np.repeat(np.arange(size), hop.recv_counts[:, k])[cold_masks[k]], minlength=size)
-        arrays.append([p_values[cold]])
-        _post_relayed(traffic, k, var, p_ids[~cold], p_values[~cold], code[~cold],
-                      owner_of[~cold], me, size)
-    cold_rows = alltoallv_many(comm, send_cold, recv_cold, arrays, acct, "push", names)
-    if acct is not None:  # every id, and the cold rows (the relays' sums are counted below)
-        acct.record_owner("ingress", hop.send_counts @ hop.widths + sum(
-            send_cold[:, k] * var.spec.row_bytes for k, var in enumerate(variables)))
-    traffic.run(poll_cap(topology))
-    for k, var in enumerate(variables):
-        all_ids = np.concatenate([wanted[k][0][cold_masks[k]]] + [i for i, _ in finals[k]])
-        all_rows = np.concatenate([cold_rows[k][0]] + [x for _, x in finals[k]])
-        apply(var, all_ids, all_rows)
+    finish_push(topology, traffic, variables, hop, wanted, values, codes, cold_masks, finals,
+                lambda k, var, ids, own, code, owner_of: _post_relayed(
+                    traffic, k, var, ids, own, code, owner_of, me, size), apply)
 
 
 def _post_relayed(traffic, k, var, ids, own, code, owner_of, me, size):

@@ -64,7 +64,7 @@ from ...options import options
 from .groups import children_of, chunk_sizes, classify, parent_of, tree_order
 from .trees import TreeTraffic
 
-__all__ = ["HotRows", "classify", "pull_reply", "push_chain"]
+__all__ = ["HotRows", "classify", "pull_reply", "push_chain", "finish_push", "assemble_rows"]
 
 RELAY = "relay"
 #: After a pull without trees, the pulls of the same variables classify again every this many.
@@ -262,7 +262,7 @@ def pull_reply(topology, variables, hop, wanted, policy, gather) -> tuple:
     cap = poll_cap(topology)
     traffic.run(cap)
     wait([agreement], cap)
-    return [_assemble(hop, k, hot[k], out[2 * k + 1][0], var)
+    return [assemble_rows(hop, k, hot[k], out[2 * k + 1][0], var)
             for k, var in enumerate(variables)], bool(agreed[0])
 
 
@@ -292,7 +292,7 @@ def _follow_manifests(traffic, k, var, manifests, per_owner, me, hot):
                            phase, k, arrived, owner="egress" if up < 0 else None)
 
 
-def _assemble(hop, k, hot, cold, var):
+def assemble_rows(hop, k, hot, cold, var):
     """A requester's rows of variable ``k`` in its input order."""
     packed_ids = hop.arrays[k][0]
     back = np.empty((len(packed_ids), var.spec.dim), var.spec.dtype)
@@ -345,6 +345,23 @@ def push_chain(topology, variables, hop, ids, values, policy, apply) -> None:
             pieces += len(sizes)
         codes.append(code)
         cold_masks.append(group < 0)
+    finish_push(topology, traffic, variables, hop, wanted, values, codes, cold_masks, finals,
+                lambda k, var, ids, own, code, owner_of: _post_chain(
+                    traffic, k, var, ids, own, code, owner_of, size), apply)
+
+
+def finish_push(topology, traffic, variables, hop, wanted, values, codes, cold_masks, finals,
+                post, apply) -> None:
+    """The rest of a push whose owners coded their shared rows (chains or relays).
+
+    **Collective** over ``topology.comm``. Sends the owners' ``codes`` back
+    (column 0 < 0: a cold row), moves the cold rows to their owners in one
+    ``Alltoallv``, has ``post(k, var, ids, rows, code, owner_of)`` post this
+    rank's part of the shared rows' traffic, runs it, and applies on each
+    owner its cold rows and the sums that arrived in ``finals``.
+    """
+    comm, acct, size = topology.comm, topology.accounting, topology.size
+    names = [v.spec.name for v in variables]
     mine = hop.reply(codes)
     send_cold = np.zeros((size, len(variables)), np.int64)
     recv_cold = np.zeros((size, len(variables)), np.int64)
@@ -360,10 +377,9 @@ def push_chain(topology, variables, hop, ids, values, policy, apply) -> None:
         recv_cold[:, k] = np.bincount(
             np.repeat(np.arange(size), hop.recv_counts[:, k])[cold_masks[k]], minlength=size)
         arrays.append([p_values[cold]])
-        _post_chain(traffic, k, var, p_ids[~cold], p_values[~cold], code[~cold],
-                    owner_of[~cold], size)
+        post(k, var, p_ids[~cold], p_values[~cold], code[~cold], owner_of[~cold])
     cold_rows = alltoallv_many(comm, send_cold, recv_cold, arrays, acct, "push", names)
-    if acct is not None:  # every id, and the cold rows (the chains' sums are counted below)
+    if acct is not None:  # every id, and the cold rows (the shared rows' sums come below)
         acct.record_owner("ingress", hop.send_counts @ hop.widths + sum(
             send_cold[:, k] * var.spec.row_bytes for k, var in enumerate(variables)))
     traffic.run(poll_cap(topology))
