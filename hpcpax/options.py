@@ -196,8 +196,9 @@ OPTIONS = (
            "forwarded down its chain as soon as it arrives (pipelining; 0: whole groups, "
            "binomial trees above 3 nodes)", agree=True),
     Option("hot_rows_relay_share", _share, 0.2,
-           "hot rows by relays: an owner relays an operation's shared rows only when that "
-           "takes at least this share of the row copies off its link (0 to 1)", agree=True),
+           "hot rows by relays: the busiest owners relay an operation's shared rows only when "
+           "that takes at least this share off the busiest node link (0 to 1; 0: every owner "
+           "with shared rows relays)", agree=True),
 )
 _BY_NAME = {option.name: option for option in OPTIONS}
 

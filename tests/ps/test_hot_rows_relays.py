@@ -13,7 +13,7 @@ from hpcpax import ParameterServer, SparseVariableSpec
 from hpcpax.errors import ConfigError
 from hpcpax.plan.hot_rows_cost import decide
 from hpcpax.plan.plan import check_hot_rows
-from hpcpax.ps.hot_rows.relays import choose_relays, members_of
+from hpcpax.ps.hot_rows.relays import choose_relays, members_of, owners_that_relay
 from hpcpax.ps.hot_rows.routing import HotRows
 from step_data import pull_push_bytes, zipf_ids
 
@@ -24,8 +24,8 @@ def test_choose_relays_picks_off_node_sources_in_turn():
     ids = [np.array(x, np.int64) for x in
            ([7, 9], [7, 8, 9], [7, 8], [8, 9], [7, 9, 5], [])]
     counts = np.array([len(x) for x in ids])
-    relay, rows, relays, masks = choose_relays(np.concatenate(ids), counts, node_of, 0,
-                                               min_nodes=2, min_share=0)
+    relay, rows, relays, masks, copies, saved = choose_relays(np.concatenate(ids), counts,
+                                                              node_of, 0, min_nodes=2)
     # off-node sources: 7 <- 2, 4; 8 <- 2, 3; 9 <- 3, 4; 5 <- 4 alone (not relayed)
     assert rows.tolist() == [7, 8, 9]
     assert relays.tolist() == [2, 3, 3]  # turns 0, 1, 2 over each row's sorted sources
@@ -35,6 +35,7 @@ def test_choose_relays_picks_off_node_sources_in_turn():
         assert np.flatnonzero(members[:, j]).tolist() == want[row]
     per_entry = {7: 2, 8: 3, 9: 3, 5: -1}
     assert relay.tolist() == [per_entry[x] for x in np.concatenate(ids).tolist()]
+    assert (copies, saved) == (7, 3)  # off-node entries; one copy of 7, 8, 9 each saved
 
 
 def test_choose_relays_rules():
@@ -42,20 +43,34 @@ def test_choose_relays_rules():
     ids = np.array([1, 2, 1, 3, 1, 4], np.int64)  # row 1 from ranks 1, 2, 3
     counts = np.array([0, 2, 2, 2])
     args = (ids, counts, node_of, 0)
-    assert choose_relays(*args, min_nodes=2, min_share=0)[1].tolist() == [1]
-    assert choose_relays(*args, min_nodes=4, min_share=0)[1].tolist() == []  # 3 sources
-    assert choose_relays(*args, min_nodes=0, min_share=0)[1].tolist() == []  # off
-    # 2 of 6 copies saved: a third
-    assert choose_relays(*args, min_nodes=2, min_share=0.33)[1].tolist() == [1]
-    assert choose_relays(*args, min_nodes=2, min_share=0.34)[1].tolist() == []
+    assert choose_relays(*args, min_nodes=2).rows.tolist() == [1]
+    assert choose_relays(*args, min_nodes=2)[4:] == (6, 2)
+    assert choose_relays(*args, min_nodes=4).rows.tolist() == []  # 3 sources
+    assert choose_relays(*args, min_nodes=0).rows.tolist() == []  # off
     twice = np.array([1, 1, 1, 3, 1, 4], np.int64)  # rank 1 sent id 1 twice
-    assert (choose_relays(twice, counts, node_of, 0, 2, 0)[0] == -1).all()
+    assert (choose_relays(twice, counts, node_of, 0, 2).relay == -1).all()
     # beyond one word of ranks
-    many = np.full(130, 5, np.int64)
-    relay, rows, relays, masks = choose_relays(many, np.ones(130, np.int64), np.arange(130),
-                                               0, 2, 0)
-    assert rows.tolist() == [5] and masks.shape == (1, 3)
-    assert np.flatnonzero(members_of(masks, 130)[:, 0]).tolist() == list(range(130))
+    many = choose_relays(np.full(130, 5, np.int64), np.ones(130, np.int64), np.arange(130), 0, 2)
+    assert many.rows.tolist() == [5] and many.masks.shape == (1, 3)
+    assert np.flatnonzero(members_of(many.masks, 130)[:, 0]).tolist() == list(range(130))
+
+
+def test_owners_relay_only_where_that_lowers_the_busiest_link():
+    nodes = np.arange(4)
+    one_owner = owners_that_relay([100, 0, 0, 0], [44, 0, 0, 0], nodes, 0.2)
+    assert one_owner.tolist() == [True, False, False, False]  # busiest link 100 -> 56
+    # every owner equally loaded: the copies only move between the links
+    assert not owners_that_relay([100] * 4, [44] * 4, nodes, 0.2).any()
+    assert owners_that_relay([100] * 4, [44] * 4, nodes, 0).all()  # 0: every owner
+    # 100 -> 85 + 0: less than a fifth off the busiest link, unless a tenth is enough
+    assert not owners_that_relay([100, 0, 0, 0], [15, 0, 0, 0], nodes, 0.2).any()
+    assert owners_that_relay([100, 0, 0, 0], [15, 0, 0, 0], nodes, 0.1)[0]
+    # two owners on node 0: their link carries both; the busier relays, 150 -> 90 (60 / 1)
+    two = owners_that_relay([100, 50, 0, 0], [60, 20, 0, 0], np.array([0, 0, 1, 1]), 0.2)
+    assert two.tolist() == [True, True, False, False]  # then 90 - 20 = 70 against 80
+    hot = owners_that_relay([300, 100, 100, 100], [150, 40, 40, 40], nodes, 0.2)
+    assert hot.tolist() == [True, False, False, False]  # 300 -> 150; the next would not help
+    assert not owners_that_relay([100, 0], [50, 0], np.array([0, 0]), 0.2).any()  # one node
 
 
 def test_relays_in_the_plan_and_the_setting():

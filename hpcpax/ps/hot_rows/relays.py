@@ -30,11 +30,16 @@ its set, in one message per pair of ranks:
 
 Relays move as many bytes in all as today (the owner's copies now leave
 the relays' links); they pay where the owner's link is the busiest, as with
-one partition of a table or a few hot owners. An owner relays in an
-operation only when that takes at least ``HPCPAX_HOT_ROWS_RELAY_SHARE`` of
-the copies off its link (uniform ids share too few rows); each owner decides
-alone, from the ids it received, and an ``Iallreduce`` tells everyone
-whether any did (for :meth:`~hpcpax.ps.hot_rows.routing.HotRows.pulled`).
+one partition of a table or a few hot owners, and only add a hop where
+every owner is equally loaded. So in each operation every owner tells the
+others, in one ``Allgather`` of two int64, the bytes of row copies it
+sends off its node and those its relays would save, and every rank takes
+the same decision (:func:`owners_that_relay`): the busiest owners relay,
+one by one, while each lowers the busiest node link, and only if the
+busiest link then carries at least ``HPCPAX_HOT_ROWS_RELAY_SHARE`` (0.2)
+less than today (uniform ids share too few rows). An ``Iallreduce`` tells
+everyone whether any owner relayed (for
+:meth:`~hpcpax.ps.hot_rows.routing.HotRows.pulled`).
 
 Bytes: as for trees (``pull``/``push`` what owners send or receive,
 ``relay`` what relays and sources send each other; owner bytes counted as
@@ -44,6 +49,8 @@ rows from or to their owner). Every operation is **collective** over
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
 from ...comm.exchange import alltoallv_many, exchange_counts_many
@@ -52,7 +59,8 @@ from ...options import options
 from .routing import assemble_rows, finish_push, poll_cap
 from .trees import TreeTraffic
 
-__all__ = ["ROUTES", "choose_relays", "pull_reply", "push_relayed"]
+__all__ = ["ROUTES", "Choice", "choose_relays", "owners_that_relay", "members_of", "pull_reply",
+           "push_relayed"]
 
 #: The routes of a hot-rows entry (``"route"``): exact-set trees, or relays.
 ROUTES = ("trees", "relays")
@@ -62,7 +70,23 @@ def _words(size) -> int:
     return (int(size) + 62) // 63
 
 
-def choose_relays(ids, counts, node_of, owner, min_nodes, min_share=None) -> tuple:
+class Choice(NamedTuple):
+    """One owner's relays for one variable (:func:`choose_relays`)."""
+
+    #: Per received id its row's relay, or -1 (moves as today).
+    relay: np.ndarray
+    #: The relayed rows (ascending ids) and their relays.
+    rows: np.ndarray
+    relays: np.ndarray
+    #: ``[rows, words]`` int64 masks of each relayed row's sources: bit ``s %
+    #: 63`` of word ``s // 63`` for source rank ``s`` (on the owner's node too).
+    masks: np.ndarray
+    #: Row copies the owner sends off its node today, and those the relays save.
+    copies: int
+    saved: int
+
+
+def choose_relays(ids, counts, node_of, owner, min_nodes) -> Choice:
     """Each received id's relay, and each relayed row's sources; not collective.
 
     Args:
@@ -70,37 +94,30 @@ def choose_relays(ids, counts, node_of, owner, min_nodes, min_share=None) -> tup
         counts: ids received from each source rank.
         node_of: node of every rank; owner: the receiving rank.
         min_nodes: sources a row needs (the variable's ``min_nodes``; < 2: off).
-        min_share: least share of the owner's off-node copies the relays
-            must save (None: ``HPCPAX_HOT_ROWS_RELAY_SHARE``).
 
     Returns:
-        ``(relay, rows, relays, masks)``: per received id its row's relay or
-        -1 (moves as today); the relayed rows (ascending ids), their relays
-        and their masks of sources (``[rows, words]`` int64, bit ``s % 63``
-        of word ``s // 63`` for source rank ``s``, on the owner's node too).
-        A relay is a source off the owner's node; a row is relayed when at
-        least two such sources and ``min_nodes`` sources in all touch it.
+        A :class:`Choice`. A row is relayed when at least two sources off
+        the owner's node and ``min_nodes`` sources in all touch it; its
+        relay is one of the sources off the owner's node, taken in turn
+        (the ``i``-th relayed row's ``i mod k``-th of its ``k``, by rank).
     """
-    share = options.hot_rows_relay_share if min_share is None else float(min_share)
     ids, counts, node_of = (np.asarray(ids, np.int64), np.asarray(counts, np.int64),
                             np.asarray(node_of, np.int64))
     size, words = len(counts), _words(len(counts))
-    relay = np.full(len(ids), -1, np.int64)
-    none = (relay, np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros((0, words), np.int64))
+    source = np.repeat(np.arange(size, dtype=np.int64), counts)
+    copies = int((node_of[source] != node_of[owner]).sum())
+    none = Choice(np.full(len(ids), -1, np.int64), np.zeros(0, np.int64),
+                  np.zeros(0, np.int64), np.zeros((0, words), np.int64), copies, 0)
     if min_nodes < 2 or len(ids) == 0:
         return none
-    source = np.repeat(np.arange(size, dtype=np.int64), counts)
     unique, inverse = np.unique(ids, return_inverse=True)
     inverse = inverse.reshape(-1)
     off = node_of[source] != node_of[owner]
     sources = np.bincount(inverse, minlength=len(unique))
     off_sources = np.bincount(inverse[off], minlength=len(unique))
     chosen = np.flatnonzero((off_sources >= 2) & (sources >= min_nodes))
-    copies = int(off_sources.sum())
-    if len(chosen) == 0 or (off_sources[chosen] - 1).sum() < share * copies:
-        return none
-    if len(np.unique(inverse * size + source)) != len(ids):
-        return none  # a source sent an id twice: leave everything as it is
+    if len(chosen) == 0 or len(np.unique(inverse * size + source)) != len(ids):
+        return none  # nothing shared, or a source sent an id twice: leave all as it is
     # the off-node sources of each row, by (row, rank); the row's turn picks one
     pairs = np.flatnonzero(off)
     pairs = pairs[np.lexsort((source[pairs], inverse[pairs]))]
@@ -113,8 +130,75 @@ def choose_relays(ids, counts, node_of, owner, min_nodes, min_share=None) -> tup
         masks[inverse[bounds[s]:bounds[s + 1]], s // 63] |= np.int64(1) << np.int64(s % 63)
     relay_of_row = np.full(len(unique), -1, np.int64)
     relay_of_row[chosen] = relays
-    relay[:] = relay_of_row[inverse]
-    return relay, unique[chosen], relays, masks[chosen]
+    return Choice(relay_of_row[inverse], unique[chosen], relays, masks[chosen], copies,
+                  int((off_sources[chosen] - 1).sum()))
+
+
+def owners_that_relay(copies, saved, node_of, min_share=None) -> np.ndarray:
+    """Which owners relay: those whose relays lower the busiest node link; not collective.
+
+    A node's link carries its owners' off-node copies; an owner that relays
+    keeps ``copies - saved`` and its ``saved`` copies leave the other nodes'
+    links instead, spread evenly (its relays are taken in turn). The
+    busiest owners are taken one by one while each lowers the busiest load;
+    if the loads' maximum then falls by less than ``min_share``
+    (``HPCPAX_HOT_ROWS_RELAY_SHARE``), nobody relays: relays move as many
+    bytes in all as today, so with every owner equally loaded they only add
+    a hop. ``min_share`` 0: every owner with shared rows relays, whatever
+    the loads.
+
+    Args:
+        copies, saved: per rank, the bytes of row copies it sends off its
+            node as an owner today, and those its relays would save.
+        node_of: node of every rank.
+
+    Returns:
+        A boolean per rank.
+    """
+    share = options.hot_rows_relay_share if min_share is None else float(min_share)
+    copies, saved = np.asarray(copies, np.float64), np.asarray(saved, np.float64)
+    node_of = np.asarray(node_of, np.int64)
+    nodes = int(node_of.max()) + 1 if len(node_of) else 0
+    relaying = np.zeros(len(copies), bool)
+    if nodes < 2:
+        return relaying
+    if share <= 0:  # every owner with shared rows, whatever the loads
+        return saved > 0
+    today = np.bincount(node_of, weights=copies, minlength=nodes)
+
+    def loads(chosen):
+        moved = np.bincount(node_of[chosen], weights=saved[chosen], minlength=nodes)
+        return today - moved + (moved.sum() - moved) / (nodes - 1)
+
+    busiest = today.max()
+    for r in np.argsort(-copies, kind="stable").tolist():
+        if saved[r] <= 0:
+            break
+        relaying[r] = True
+        top = loads(relaying).max()
+        if top >= busiest:
+            relaying[r] = False
+            break
+        busiest = top
+    if not relaying.any() or busiest > (1 - share) * today.max():
+        return np.zeros(len(copies), bool)
+    return relaying
+
+
+def _agree(comm, node_of, choices, variables) -> list:
+    """Every owner's choices kept or dropped by :func:`owners_that_relay`: **collective**
+    (one ``Allgather`` of two int64 per rank)."""
+    mine = np.array([sum(c.copies * v.spec.row_bytes for c, v in zip(choices, variables)),
+                     sum(c.saved * v.spec.row_bytes for c, v in zip(choices, variables))],
+                    np.int64)
+    everyone = np.zeros((comm.Get_size(), 2), np.int64)
+    comm.Allgather(mine, everyone)
+    if owners_that_relay(everyone[:, 0], everyone[:, 1], node_of)[comm.Get_rank()]:
+        return choices
+    words = _words(comm.Get_size())
+    return [Choice(np.full(len(c.relay), -1, np.int64), np.zeros(0, np.int64),
+                   np.zeros(0, np.int64), np.zeros((0, words), np.int64), c.copies, 0)
+            for c in choices]
 
 
 def members_of(masks, size) -> list:
@@ -142,10 +226,12 @@ def pull_reply(topology, variables, hop, wanted, policy, gather) -> tuple:
     usable = traffic.pieces_per_owner >= 2 * len(variables)
     counts = np.zeros((size, 2 * len(variables)), np.int64)
     arrays, chose = [], False
+    choices = _agree(comm, node_of, [
+        choose_relays(ids, hop.recv_counts[:, k], node_of, me,
+                      policy.min_nodes(var.spec.name) if usable else 0)
+        for k, (var, (ids,)) in enumerate(zip(variables, wanted))], variables)
     for k, (var, (ids,)) in enumerate(zip(variables, wanted)):
-        relay, rows, relays, masks = choose_relays(
-            ids, hop.recv_counts[:, k], node_of, me,
-            policy.min_nodes(var.spec.name) if usable else 0)
+        relay, rows, relays, masks = choices[k][:4]
         source = np.repeat(np.arange(size, dtype=np.int64), hop.recv_counts[:, k])
         hot = (relay >= 0) & (node_of[source] != node_of[me])
         chose |= bool(len(rows))
@@ -237,10 +323,12 @@ def push_relayed(topology, variables, hop, ids, values, policy, apply) -> None:
     usable = traffic.pieces_per_owner >= 2 * len(variables)
     wanted = hop.send()
     codes, cold_masks, finals = [], [], [[] for _ in variables]
+    choices = _agree(comm, node_of, [
+        choose_relays(got, hop.recv_counts[:, k], node_of, me,
+                      policy.min_nodes(var.spec.name) if usable else 0)
+        for k, (var, (got,)) in enumerate(zip(variables, wanted))], variables)
     for k, (var, (got,)) in enumerate(zip(variables, wanted)):
-        relay, rows, relays, masks = choose_relays(
-            got, hop.recv_counts[:, k], node_of, me,
-            policy.min_nodes(var.spec.name) if usable else 0)
+        relay, rows, relays, masks = choices[k][:4]
         source = np.repeat(np.arange(size, dtype=np.int64), hop.recv_counts[:, k])
         code = np.zeros((len(got), 1 + words), np.int64)  # [relay or -1, the relay's mask]
         code[:, 0] = relay
