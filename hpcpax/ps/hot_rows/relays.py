@@ -185,14 +185,19 @@ def owners_that_relay(copies, saved, node_of, min_share=None) -> np.ndarray:
     return relaying
 
 
-def _agree(comm, node_of, choices, variables) -> list:
+def _agree(topology, choices, variables) -> list:
     """Every owner's choices kept or dropped by :func:`owners_that_relay`: **collective**
-    (one ``Allgather`` of two int64 per rank)."""
+    (one ``Iallgather`` of two int64 per rank, waited for by the wait policy: a
+    blocking one spins a core per rank while the slowest owner classifies)."""
+    from ...comm.reductions import start_allgather
+
+    comm = topology.comm
     mine = np.array([sum(c.copies * v.spec.row_bytes for c, v in zip(choices, variables)),
                      sum(c.saved * v.spec.row_bytes for c, v in zip(choices, variables))],
                     np.int64)
     everyone = np.zeros((comm.Get_size(), 2), np.int64)
-    comm.Allgather(mine, everyone)
+    wait([start_allgather(comm, mine, everyone)], poll_cap(topology))
+    node_of = np.asarray(topology.node_of, np.int64)
     if owners_that_relay(everyone[:, 0], everyone[:, 1], node_of)[comm.Get_rank()]:
         return choices
     words = _words(comm.Get_size())
@@ -226,7 +231,7 @@ def pull_reply(topology, variables, hop, wanted, policy, gather) -> tuple:
     usable = traffic.pieces_per_owner >= 2 * len(variables)
     counts = np.zeros((size, 2 * len(variables)), np.int64)
     arrays, chose = [], False
-    choices = _agree(comm, node_of, [
+    choices = _agree(topology, [
         choose_relays(ids, hop.recv_counts[:, k], node_of, me,
                       policy.min_nodes(var.spec.name) if usable else 0)
         for k, (var, (ids,)) in enumerate(zip(variables, wanted))], variables)
@@ -323,7 +328,7 @@ def push_relayed(topology, variables, hop, ids, values, policy, apply) -> None:
     usable = traffic.pieces_per_owner >= 2 * len(variables)
     wanted = hop.send()
     codes, cold_masks, finals = [], [], [[] for _ in variables]
-    choices = _agree(comm, node_of, [
+    choices = _agree(topology, [
         choose_relays(got, hop.recv_counts[:, k], node_of, me,
                       policy.min_nodes(var.spec.name) if usable else 0)
         for k, (var, (got,)) in enumerate(zip(variables, wanted))], variables)
