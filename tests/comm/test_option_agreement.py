@@ -12,9 +12,10 @@ from hpcpax.options import OPTIONS, Options
 
 WORLD = MPI.COMM_WORLD
 #: The options every rank must hold alike: the layout, the watchdog's collective set-up,
-#: what the planner may replicate, the allreduce buckets, the hot-row trees and pieces.
+#: what the planner may replicate, the allreduce buckets, the hot-row trees and pieces,
+#: the relays' share.
 AGREED = {"timeout", "ranks_per_node", "servers_per_node", "replica_memory", "bucket_bytes",
-          "hot_rows", "hot_rows_min_bytes", "hot_rows_chunk_bytes"}
+          "hot_rows", "hot_rows_min_bytes", "hot_rows_chunk_bytes", "hot_rows_relay_share"}
 
 
 def test_the_options_that_shape_the_job_are_marked():
