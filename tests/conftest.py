@@ -47,3 +47,25 @@ def need_gpu():
         if os.environ.get("HPCPAX_TEST_GPU") == "1":
             pytest.fail("HPCPAX_TEST_GPU=1 but CuPy or a CUDA device is missing")
         pytest.skip("needs CuPy and a CUDA device (pip install hpcpax[gpu])")
+
+
+
+def _cpu_seconds():
+    import resource
+
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    item._cpu_start = _cpu_seconds()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_makereport(item, call):
+    """Each test's CPU seconds (this process and its waited-for children) go into
+    the JUnit report as the ``cpu_s`` property, beside pytest's wall ``time``."""
+    if call.when == "teardown" and hasattr(item, "_cpu_start"):
+        item.user_properties.append(("cpu_s", round(_cpu_seconds() - item._cpu_start, 3)))

@@ -61,6 +61,8 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ranks", default="2,3,4", help="rank counts of the MPI runs")
     parser.add_argument("--limit", type=int, default=1500, help="seconds per run")
+    parser.add_argument("--reports", default=None,
+                        help="keep the JUnit reports and rank logs in this folder (default: a temporary one)")
     parser.add_argument("pytest_args", nargs="*", help="extra pytest arguments")
     args = parser.parse_args()
     env = dict(os.environ, MPIEXEC_TIMEOUT=str(args.limit), PYTHONUNBUFFERED="1")
@@ -70,6 +72,8 @@ def main():
     totals = [0, 0, 0]
     failures = []
     with tempfile.TemporaryDirectory(prefix="hpcpax-tests-") as tmp:
+        if args.reports:
+            tmp = str(Path(args.reports).resolve())
         runs = [("serial", f"{tmp}/serial", [sys.executable, "-m", "pytest", "-q", "--with-mpi",
                             f"--junitxml={tmp}/serial/rank0.xml", *args.pytest_args])]
         for n in [int(x) for x in args.ranks.split(",") if x]:
