@@ -169,6 +169,10 @@ OPTIONS = (
     Option("run_log", str, None,
            "SQLite file of the run log (python -m hpcpax.runs), or off (default: "
            "$XDG_CACHE_HOME/hpcpax/runs.sqlite)"),
+    Option("calibration_cache", str, None,
+           "directory where --plan auto keeps its start-up calibration for later jobs of the "
+           "same layout on the same hosts, which then skip the measurement (off: every job "
+           "measures; the default)"),
     Option("numba", _switch, True, "0: NumPy reference kernels instead of the Numba ones"),
     Option("numba_threads", _integer(1), None,
            "Numba threads of the parallel kernels (default: as for threads)"),

@@ -26,6 +26,7 @@ __all__ = [
     "autotune_bucket_bytes",
     "default_fabric",
     "fit_link_model",
+    "host_facts",
     "measure_fabric",
 ]
 
@@ -250,3 +251,20 @@ def measure_fabric(topology, budget_s=1.0) -> Fabric:
     idle_barrier(comm)  # the servers wait for the workers' timing without spinning
     bucket = comm.bcast(bucket, root=topology.worker_ranks[0])
     return Fabric(intra=intra, inter=inter, allreduce_bucket_bytes=int(bucket))
+
+
+def host_facts() -> list:
+    """``[host name, network namespace, MPI library]`` of this rank: what a fabric
+    measured here depends on beyond the layout (the nodes of an emulated cluster
+    on one machine differ by namespace). Local."""
+    import os
+    import socket
+
+    from mpi4py import MPI
+
+    try:
+        namespace = os.readlink("/proc/self/ns/net")
+    except OSError:
+        namespace = ""
+    return [socket.gethostname(), namespace, MPI.Get_library_version().strip()[:200]]
+

@@ -94,11 +94,13 @@ class PlanController:
                                  "the cost model's constants are not measured again")
                 return
         if self.mode == "auto" and config.plan_calibrate:
-            from .calibrate import calibrate, cost_params
+            from .calibrate import cost_params
+            from .calibration_cache import calibrate_or_reuse
 
-            calibration = calibrate(self.engine.topology,
-                                    fabric_seconds=config.fabric_seconds,
-                                    budget_s=config.startup_budget_s)
+            calibration, how = calibrate_or_reuse(self.engine.topology,
+                                                  fabric_seconds=config.fabric_seconds,
+                                                  budget_s=config.startup_budget_s)
+            self.search["calibration"] = how
             self.fabric = Fabric.from_dict(calibration["fabric"])
             self.model_fabric = calibration["fabric"]  # with the measured Allreduce
             self.params = cost_params(calibration)
