@@ -1,19 +1,32 @@
-"""The whole test suite: serially, then under ``mpirun -n 2``, ``-n 3``, ``-n 4``.
+"""The whole test suite: serially, and under ``mpirun -n 2``, ``-n 3``, ``-n 4``.
 
-Usage: ``python tests/run_suites.py`` (the README's test command). Each run
-has a wall-clock limit (``timeout`` + ``MPIEXEC_TIMEOUT``) and every test a
-pytest-timeout, so nothing hangs. Multi-rank runs execute only the tests
-marked ``mpi``; a failure on any rank fails the run. The last line is the
-total over all runs: ``total: N passed, N failed, N skipped``.
+Usage: ``python tests/run_suites.py`` (the README's test command);
+``python tests/run_suites.py --quick`` for the edit-test loop (the tests
+marked ``quick``: every layer's unit tests and one end-to-end run per entry
+point, about 3 minutes here). Each run has a wall-clock limit (``timeout`` +
+``MPIEXEC_TIMEOUT``, :data:`LIMITS`) and every test a pytest-timeout, so
+nothing hangs. Multi-rank runs execute only the tests marked ``mpi``; a
+failure on any rank fails the run.
+
+The serial suite runs beside the MPI suites (``--lanes 2``, the default: the
+serial run in one lane, ``-n 2``, ``-n 3``, ``-n 4`` one after the other in
+the other), each run's output kept in its report folder and printed when it
+fails. Each run ends with a line of its time against its limit, with a
+``WARNING`` where it took more than half of it, so that growth shows long
+before it breaks CI. The last line is the total over all runs:
+``total: N passed, N failed, N skipped``.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -21,6 +34,10 @@ ROOT = Path(__file__).resolve().parent.parent
 #: A rank's log is printed after a failed run when it holds one of these:
 #: a failure, an error, or stacks (a timeout; see ``mpi_pytest.StacksBeforeTimeout``).
 LOG_MARKS = ("FAILED", "Error", "most recent call first", "Timeout")
+#: Wall-clock seconds each run may take (the whole suite; ``--quick`` runs get a quarter).
+LIMITS = {"serial": 1200, 2: 600, 3: 600, 4: 600}
+#: Share of its limit past which a run's timing line carries a warning.
+WARN_SHARE = 0.5
 
 
 def brief(text):
@@ -48,61 +65,144 @@ def count(xml_path):
     return tests - failed - skipped, failed, skipped
 
 
-def run(cmd, limit, env):
-    print("+", " ".join(cmd), flush=True)
-    try:
-        return subprocess.run(cmd, cwd=ROOT, env=env, timeout=limit).returncode
-    except subprocess.TimeoutExpired:
-        print(f"TIMEOUT after {limit} s: {' '.join(cmd)}", flush=True)
-        return 124
+def timing_line(label, seconds, limit):
+    """``serial: 412 s of its 1200 s limit (34 %)``, with a warning past :data:`WARN_SHARE`."""
+    share = seconds / limit
+    line = f"{label}: {seconds:.0f} s of its {limit} s limit ({100 * share:.0f} %)"
+    if share > WARN_SHARE:
+        line += (f"  WARNING: more than {100 * WARN_SHARE:.0f} % of its limit; "
+                 "make it faster before it breaks CI")
+    return line
+
+
+def _stop(pid, fired):
+    """End a run that passed its limit: its whole session, politely first."""
+    fired.set()
+    for sig, pause in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 0.0)):
+        try:
+            os.killpg(pid, sig)
+        except ProcessLookupError:
+            return
+        time.sleep(pause)
+
+
+class Run:
+    """One suite run: its command, report folder, limit and, once done, its results."""
+
+    def __init__(self, label, report, cmd, limit):
+        self.label, self.report, self.cmd, self.limit = label, Path(report), cmd, limit
+        self.code = self.seconds = self.cpu_seconds = None
+
+    def execute(self, env, lock):
+        """Run the command (output to ``report/output.log``), bounded by the limit."""
+        self.report.mkdir(parents=True, exist_ok=True)
+        with lock:
+            print(f"+ {' '.join(self.cmd)}", flush=True)
+        started = time.monotonic()
+        with open(self.report / "output.log", "w") as log:
+            process = subprocess.Popen(self.cmd, cwd=ROOT, env=env, stdout=log,
+                                       stderr=subprocess.STDOUT, start_new_session=True)
+            fired = threading.Event()
+            timer = threading.Timer(self.limit, _stop, (process.pid, fired))
+            timer.start()
+            # wait4: the run's CPU seconds, its ranks' included (each waited for by its parent)
+            _, status, usage = os.wait4(process.pid, 0)
+            timer.cancel()
+            timed_out = fired.is_set()
+            process.returncode = self.code = 124 if timed_out else os.waitstatus_to_exitcode(status)
+            if timed_out:
+                log.write(f"\nTIMEOUT after {self.limit} s: {' '.join(self.cmd)}\n")
+        self.seconds = time.monotonic() - started
+        self.cpu_seconds = usage.ru_utime + usage.ru_stime
+        with lock:
+            self.summarize()
+
+    def results(self):
+        """(passed, failed, skipped): rank 0's counts, failed if any rank failed."""
+        per_rank = [count(p) for p in sorted(self.report.glob("rank*.xml"))]
+        if per_rank:
+            passed, _, skipped = per_rank[0]
+            failed = max(f for _, f, _ in per_rank)
+        else:
+            passed, failed, skipped = 0, 1, 0
+        if self.code != 0 and failed == 0:
+            failed = 1  # crashed, hung or aborted outside a test
+        return passed, failed, skipped
+
+    def summarize(self):
+        passed, failed, skipped = self.results()
+        output = (self.report / "output.log").read_text(errors="replace")
+        if failed:
+            print(f"--- {self.label}: output ---\n{brief(output)[-12000:]}", flush=True)
+            for log in sorted(self.report.glob("rank*.log")):
+                text = log.read_text(errors="replace")
+                if log.name != "rank0.log" and any(mark in text for mark in LOG_MARKS):
+                    print(f"--- {self.label}: {log.name} ---\n{brief(text)[-6000:]}", flush=True)
+        else:  # pytest's one-line tally
+            tally = [line for line in output.splitlines() if " in " in line and "passed" in line]
+            if tally:
+                print(f"{self.label}: {tally[-1].strip('= ')}", flush=True)
+        print(f"{self.label}: {passed} passed, {failed} failed, {skipped} skipped "
+              f"(exit {self.code})", flush=True)
+        print(timing_line(self.label, self.seconds, self.limit)
+              + f"; CPU {self.cpu_seconds:.0f} s", flush=True)
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ranks", default="2,3,4", help="rank counts of the MPI runs")
-    parser.add_argument("--limit", type=int, default=1500, help="seconds per run")
+    parser.add_argument("--quick", action="store_true",
+                        help="only the tests marked quick (the edit-test loop's tier)")
+    parser.add_argument("--lanes", type=int, default=2,
+                        help="runs at once: 1 runs them one after the other; 2 runs the serial "
+                             "suite beside the MPI suites")
+    parser.add_argument("--limit", type=int, default=None,
+                        help="seconds per run (default: each run's own, LIMITS)")
     parser.add_argument("--reports", default=None,
-                        help="keep the JUnit reports and rank logs in this folder (default: a temporary one)")
+                        help="keep the JUnit reports and logs in this folder (default: a "
+                             "temporary one)")
     parser.add_argument("pytest_args", nargs="*", help="extra pytest arguments")
     args = parser.parse_args()
-    env = dict(os.environ, MPIEXEC_TIMEOUT=str(args.limit), PYTHONUNBUFFERED="1")
     mpirun = str(Path(sys.executable).parent / "mpirun")
     if not Path(mpirun).exists():
         mpirun = "mpirun"
-    totals = [0, 0, 0]
-    failures = []
+    extra = (["-m", "quick"] if args.quick else []) + list(args.pytest_args)
+    limits = {k: args.limit or (v // 4 if args.quick else v) for k, v in LIMITS.items()}
+    began = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="hpcpax-tests-") as tmp:
         if args.reports:
             tmp = str(Path(args.reports).resolve())
-        runs = [("serial", f"{tmp}/serial", [sys.executable, "-m", "pytest", "-q", "--with-mpi",
-                            f"--junitxml={tmp}/serial/rank0.xml", *args.pytest_args])]
+        # --plan auto jobs of one layout calibrate once per suite run (tests/conftest.py)
+        env = dict(os.environ, PYTHONUNBUFFERED="1",
+                   HPCPAX_CALIBRATION_CACHE=os.path.join(tmp, "calibration"))
+        serial = Run("serial", f"{tmp}/serial", [
+            sys.executable, "-m", "pytest", "-q", "--with-mpi",
+            f"--junitxml={tmp}/serial/rank0.xml", *extra], limits["serial"])
+        parallel = []
         for n in [int(x) for x in args.ranks.split(",") if x]:
-            runs.append((f"mpirun -n {n}", f"{tmp}/n{n}", [mpirun, "-n", str(n), sys.executable, "-m", "mpi4py",
-                                            str(ROOT / "tests" / "mpi_pytest.py"), f"{tmp}/n{n}",
-                                            "-q", "--only-mpi", *args.pytest_args]))
-        for label, report, cmd in runs:
-            code = run(cmd, args.limit, env)
-            report = Path(report)
-            per_rank = [count(p) for p in sorted(report.glob("rank*.xml"))]
-            if per_rank:
-                # every rank runs the same tests: count rank 0, fail if any rank failed
-                passed, _, skipped = per_rank[0]
-                failed = max(f for _, f, _ in per_rank)
-            else:
-                passed, failed, skipped = 0, 1, 0
-            if code != 0 and failed == 0:
-                failed = 1  # crashed, hung or aborted outside a test
-            totals = [totals[0] + passed, totals[1] + failed, totals[2] + skipped]
-            print(f"{label}: {passed} passed, {failed} failed, {skipped} skipped (exit {code})",
-                  flush=True)
-            if failed:
-                failures.append(label)
-                for log in sorted(report.glob("rank*.log")):
-                    text = log.read_text(errors="replace")
-                    if any(mark in text for mark in LOG_MARKS):
-                        print(f"--- {log.name} ---\n{brief(text)[-6000:]}", flush=True)
+            parallel.append(Run(f"mpirun -n {n}", f"{tmp}/n{n}", [
+                mpirun, "-n", str(n), sys.executable, "-m", "mpi4py",
+                str(ROOT / "tests" / "mpi_pytest.py"), f"{tmp}/n{n}", "-q", "--only-mpi",
+                *extra], limits[n]))
+        lock = threading.Lock()
+
+        def lane(runs):
+            for run in runs:
+                run_env = dict(env, MPIEXEC_TIMEOUT=str(run.limit))
+                run.execute(run_env, lock)
+
+        lanes = [[serial], parallel] if args.lanes > 1 else [[serial, *parallel]]
+        threads = [threading.Thread(target=lane, args=(runs,)) for runs in lanes]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        runs = [serial, *parallel]
+        totals = [sum(r.results()[i] for r in runs) for i in range(3)]
+        failures = [r.label for r in runs if r.results()[1]]
     if failures:
         print(f"failing runs: {', '.join(failures)}", flush=True)
+    print(f"all runs: {time.monotonic() - began:.0f} s", flush=True)
     print(f"total: {totals[0]} passed, {totals[1]} failed, {totals[2]} skipped", flush=True)
     sys.exit(1 if failures else 0)
 
