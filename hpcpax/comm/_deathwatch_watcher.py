@@ -122,7 +122,12 @@ class Rank:
                 self.abort_at = time.monotonic()
 
     def hello(self, text):
-        """Take the first valid hello: a JSON object whose rank and pid are this peer's."""
+        """Take the first valid hello: a JSON object naming this peer's rank and pid.
+
+        Where the launcher's pids are not known (a rank in a pid namespace of its own
+        sees another pid than the kernel shows us), any rank of the job and any pid are
+        taken; the report names the pid the kernel gave.
+        """
         if self.greeted:
             return
         try:
@@ -136,11 +141,12 @@ class Rank:
             return
         if self.expected is not None and rank != self.expected:
             return
-        if type(pid) is not int or pid != self.pid or role not in ROLES:
+        if type(pid) is not int or pid <= 0 or role not in ROLES or not isinstance(host, str):
             return
-        if not isinstance(host, str):
+        if self.expected is not None and pid != self.pid:
             return
-        self.info = {"rank": rank, "pid": pid, "role": role, "host": printable(host, HOST_CHARS)}
+        self.info = {"rank": rank, "pid": self.pid, "role": role,
+                     "host": printable(host, HOST_CHARS)}
         self.greeted = True
 
 

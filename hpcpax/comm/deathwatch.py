@@ -161,7 +161,8 @@ def start_death_watch(comm, role=None):
     node = comm.Split_type(MPI.COMM_TYPE_SHARED)
     try:
         # the watcher accepts exactly the processes the launcher started on this host
-        members = node.gather((MPI.COMM_WORLD.Get_rank(), os.getpid()), root=0)
+        members = node.gather((MPI.COMM_WORLD.Get_rank(), os.getpid(), _pid_namespace()),
+                              root=0)
         address = None
         if node.Get_rank() == 0:
             address = _spawn_watcher(node.Get_size(), comm.Get_size(), members)
@@ -207,7 +208,9 @@ def abort_job(status: int = 1, comm=None) -> None:
 def _spawn_watcher(node_ranks: int, world: int, members):
     """Start the host's watcher; its socket's address, or None if it did not start.
 
-    ``members`` are the host's ``(rank, pid)``: the watcher takes no other process.
+    ``members`` are the host's ``(rank, pid, pid namespace)``: the watcher takes no
+    other process (any process of this uid where a rank's pid means another process to
+    the watcher: a pid namespace of its own).
     """
     directory = _private_directory()
     if directory is not None:
@@ -217,7 +220,9 @@ def _spawn_watcher(node_ranks: int, world: int, members):
     # no launcher or MPI variables: the watcher is not a rank and must never look like one
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("PMI_", "PMIX_", "MPI", "HYDRA_", "HYDI_", "OMPI_"))}
-    ranks = ",".join(f"{int(rank)}:{int(pid)}" for rank, pid in members)
+    ranks = ""
+    if all(namespace == _pid_namespace() for _, _, namespace in members):
+        ranks = ",".join(f"{int(rank)}:{int(pid)}" for rank, pid, _ in members)
     try:
         process = subprocess.Popen(
             [sys.executable, "-I", "-S", _WATCHER, address, str(node_ranks), str(world), ranks],
@@ -234,6 +239,14 @@ def _spawn_watcher(node_ranks: int, world: int, members):
     if directory is not None:
         shutil.rmtree(directory, ignore_errors=True)
     return None
+
+
+def _pid_namespace() -> str:
+    """This process's pid namespace (``pid:[4026531836]``), or "" where none is shown."""
+    try:
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return ""
 
 
 def _private_directory():

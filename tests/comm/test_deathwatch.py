@@ -10,6 +10,7 @@ under ``mpirun`` (hydra kills the survivors within milliseconds) is tested in
 import importlib.util
 import json
 import os
+import shutil
 import signal
 import stat
 import socket
@@ -251,9 +252,9 @@ def _hello(**fields):
     _hello(host=None), _hello(host={"a": 1}),
 ], ids=lambda line: line[:40].decode(errors="replace"))
 def test_a_malformed_hello_is_ignored(line):
-    peer = WATCHER.Rank(None, pid=4551, world=4)
+    peer = WATCHER.Rank(None, pid=4551, world=4, expected=2)
     assert peer.feed(line)
-    assert not peer.greeted and peer.info == {"pid": 4551}
+    assert not peer.greeted and peer.info == {"rank": 2, "pid": 4551}
 
 
 def test_a_hello_must_name_the_rank_the_launcher_started_as_that_pid():
@@ -261,6 +262,14 @@ def test_a_hello_must_name_the_rank_the_launcher_started_as_that_pid():
     assert peer.feed(_hello(rank=2)) and peer.info == {"rank": 1, "pid": 4551}
     assert peer.feed(_hello(rank=1)) and peer.info["role"] == "server"
     assert peer.feed(_hello(rank=1, role="worker")) and peer.info["role"] == "server"  # once
+
+
+def test_without_the_launchers_pids_the_kernels_pid_is_named():
+    """Ranks in pid namespaces of their own: any rank of the job, the pid the kernel gave."""
+    peer = WATCHER.Rank(None, pid=4551, world=4)
+    assert peer.feed(_hello(rank=4)) and not peer.greeted  # still within the job
+    assert peer.feed(_hello(pid=12)) and peer.info == {"rank": 2, "pid": 4551, "role": "server",
+                                                       "host": "node3"}
 
 
 def test_fields_are_kept_as_printable_text():
@@ -378,6 +387,7 @@ def test_only_the_launchers_ranks_take_a_slot():
         for proc in [*procs, watcher]:
             proc.kill()
             proc.wait(30)
+        shutil.rmtree(directory, ignore_errors=True)  # left where the test failed early
 
 
 def test_a_rank_connects_only_to_a_watcher_of_its_own_uid(tmp_path):
