@@ -25,6 +25,15 @@ that went first (the others ended by the launcher's clean-up after it).
 Under Slurm the step's processes may be killed as one (its cgroup), watcher
 included; ``srun``'s own ``srun: error: node3: task 2: Killed`` lines then name
 the task.
+
+Only the job's own ranks reach the watcher: its socket is a file in a new
+directory of mode 0700 (under ``$XDG_RUNTIME_DIR`` or the temporary
+directory; removed once every rank has connected), and the watcher takes a
+connection only from a process of its own uid that is one of the host's
+ranks (``SO_PEERCRED``: the pids the node's ranks gathered), each once.
+Another user can neither take a rank's slot, nor fake or hide a death, nor
+keep the job alive; lines are capped and their fields checked and printed
+as plain text.
 """
 
 from __future__ import annotations
@@ -32,10 +41,15 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import shutil
 import socket
+import stat
+import struct
 import subprocess
 import sys
+import tempfile
 import threading
+import time
 import uuid
 
 __all__ = ["DeathWatch", "start_death_watch", "announce_abort", "abort_job"]
@@ -43,6 +57,11 @@ __all__ = ["DeathWatch", "start_death_watch", "announce_abort", "abort_job"]
 _WATCHER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_deathwatch_watcher.py")
 #: Seconds the node leader waits for its watcher to listen before going on without one.
 _START_TIMEOUT = 20.0
+#: Seconds a rank tries to connect to its watcher before going on unwatched.
+_CONNECT_TIMEOUT = 5.0
+#: Longest socket path (``sun_path`` holds 108 bytes with its terminating NUL).
+_PATH_MAX = 107
+_CREDENTIALS = struct.Struct("3i")  # struct ucred: pid, uid, gid
 _ACTIVE = []  # the one DeathWatch of this process
 
 
@@ -50,7 +69,7 @@ class DeathWatch:
     """This rank's line to its host's watcher. Create with :func:`start_death_watch`.
 
     Attributes:
-        address: the watcher's (abstract) socket address, or None when none runs.
+        address: the watcher's socket (a path, or an abstract name), or None when none runs.
     """
 
     def __init__(self, sock, address):
@@ -141,22 +160,26 @@ def start_death_watch(comm, role=None):
         return DeathWatch(None, None)
     node = comm.Split_type(MPI.COMM_TYPE_SHARED)
     try:
+        # the watcher accepts exactly the processes the launcher started on this host
+        members = node.gather((MPI.COMM_WORLD.Get_rank(), os.getpid(), _pid_namespace()),
+                              root=0)
         address = None
         if node.Get_rank() == 0:
-            address = _spawn_watcher(node.Get_size(), comm.Get_size())
+            address = _spawn_watcher(node.Get_size(), comm.Get_size(), members)
         address = node.bcast(address, root=0)
     finally:
         node.Free()
     sock = None
     if address is not None:
-        try:
-            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            sock.connect("\0" + address)
+        sock = _connect(address)
+        if sock is not None:
             hello = {"rank": MPI.COMM_WORLD.Get_rank(), "host": MPI.Get_processor_name(),
                      "pid": os.getpid(), "role": role}
-            sock.sendall(("hello " + json.dumps(hello) + "\n").encode())
-        except OSError:
-            sock = None
+            try:
+                sock.sendall(("hello " + json.dumps(hello) + "\n").encode())
+            except OSError:
+                sock.close()
+                sock = None
     watch = DeathWatch(sock, address if sock is not None else None)
     _ACTIVE.append(watch)
     atexit.register(watch.farewell)
@@ -182,22 +205,106 @@ def abort_job(status: int = 1, comm=None) -> None:
     (comm if comm is not None else MPI.COMM_WORLD).Abort(int(status))
 
 
-def _spawn_watcher(node_ranks: int, world: int):
-    """Start the host's watcher; its abstract socket name, or None if it did not start."""
-    address = f"hpcpax-deathwatch-{os.getpid()}-{uuid.uuid4().hex[:12]}"
+def _spawn_watcher(node_ranks: int, world: int, members):
+    """Start the host's watcher; its socket's address, or None if it did not start.
+
+    ``members`` are the host's ``(rank, pid, pid namespace)``: the watcher takes no
+    other process (any process of this uid where a rank's pid means another process to
+    the watcher: a pid namespace of its own).
+    """
+    directory = _private_directory()
+    if directory is not None:
+        address = os.path.join(directory, "socket")
+    else:  # no short private path: an abstract name, each peer's uid and pid checked
+        address = f"hpcpax-deathwatch-{os.getpid()}-{uuid.uuid4().hex[:12]}"
     # no launcher or MPI variables: the watcher is not a rank and must never look like one
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("PMI_", "PMIX_", "MPI", "HYDRA_", "HYDI_", "OMPI_"))}
+    ranks = ""
+    if all(namespace == _pid_namespace() for _, _, namespace in members):
+        ranks = ",".join(f"{int(rank)}:{int(pid)}" for rank, pid, _ in members)
     try:
         process = subprocess.Popen(
-            [sys.executable, "-I", "-S", _WATCHER, address, str(node_ranks), str(world)],
+            [sys.executable, "-I", "-S", _WATCHER, address, str(node_ranks), str(world), ranks],
             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, env=env,
             start_new_session=True, close_fds=True)
     except OSError:
+        process = None
+    ready = ""
+    if process is not None:
+        ready = _read_line(process.stdout, _START_TIMEOUT)
+        process.stdout.close()
+    if ready == "listening":
+        return address
+    if directory is not None:
+        shutil.rmtree(directory, ignore_errors=True)
+    return None
+
+
+def _pid_namespace() -> str:
+    """This process's pid namespace (``pid:[4026531836]``), or "" where none is shown."""
+    try:
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return ""
+
+
+def _private_directory():
+    """A new directory only this uid can enter (mode 0700), under ``$XDG_RUNTIME_DIR``
+    or the temporary directory, whose socket path fits ``sun_path``; None if none does.
+
+    A parent that another uid could rename our directory in (writable by others,
+    not sticky) is passed over.
+    """
+    uid = os.getuid()
+    for base in (os.environ.get("XDG_RUNTIME_DIR"), tempfile.gettempdir(), "/tmp"):
+        if not base or not os.path.isabs(base):
+            continue
+        try:
+            info = os.stat(base)
+        except OSError:
+            continue
+        shared = info.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+        if not stat.S_ISDIR(info.st_mode) or (shared and not info.st_mode & stat.S_ISVTX) \
+                or (info.st_uid not in (uid, 0)):
+            continue
+        if len(os.path.join(base, "hpcpax-deathwatch-XXXXXXXX", "socket").encode()) > _PATH_MAX:
+            continue
+        try:
+            return tempfile.mkdtemp(prefix="hpcpax-deathwatch-", dir=base)  # mode 0700
+        except OSError:
+            continue
+    return None
+
+
+def _connect(address):
+    """A socket connected to the watcher at ``address``, or None.
+
+    The watcher must run as this uid (a socket another user listens on is never
+    told anything), and a connect that does not go through within
+    ``_CONNECT_TIMEOUT`` seconds (a flooded backlog) leaves this rank unwatched.
+    """
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    deadline = time.monotonic() + _CONNECT_TIMEOUT
+    try:
+        sock.setblocking(False)
+        while True:
+            try:
+                sock.connect(address if address.startswith("/") else "\0" + address)
+                break
+            except (BlockingIOError, InterruptedError):
+                if time.monotonic() > deadline:
+                    raise TimeoutError("the watcher's backlog stayed full") from None
+                time.sleep(0.01)
+        sock.setblocking(True)
+        _, uid, _ = _CREDENTIALS.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
+                                                        _CREDENTIALS.size))
+        if uid != os.getuid():
+            raise PermissionError("the watcher's socket belongs to another user")
+    except OSError:
+        sock.close()
         return None
-    ready = _read_line(process.stdout, _START_TIMEOUT)
-    process.stdout.close()
-    return address if ready == "listening" else None
+    return sock
 
 
 def _read_line(stream, timeout: float) -> str:

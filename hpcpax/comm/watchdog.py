@@ -82,6 +82,7 @@ class Watchdog:
         self.report = None
         self._abort = abort
         self._current = None  # (name, start time) of the guarded operation
+        self._activity = None  # (name, the guarded operation it runs in) of activity()
         self._idle_since = time.monotonic()
         self._stop = threading.Event()
         self._thread = None
@@ -122,6 +123,32 @@ class Watchdog:
             self.last_op = str(name)
             self._idle_since = time.monotonic()
 
+    @contextmanager
+    def activity(self, name: str):
+        """Run the ``with`` body as ``name`` for the host's death watch only. Local; not timed.
+
+        A rank killed inside is reported as in ``name`` (a server's checkpoint
+        write, which runs between its guarded operations), not as idle after its
+        last guarded operation; a guard opened inside names itself instead.
+        """
+        outer = self._activity
+        self._activity = (str(name), self._current)
+        self._death_watch.note(self.doing())  # now: the body may be short, the thread polls
+        try:
+            yield self
+        finally:
+            self._activity = outer
+            self._death_watch.note(self.doing())
+
+    def doing(self) -> str:
+        """What this rank does now, for the host's death watch (local)."""
+        current, activity = self._current, self._activity
+        if activity is not None and activity[1] is current:
+            return activity[0]
+        if current is not None:
+            return current[0]
+        return f"idle after {self.last_op!r}"
+
     def status(self) -> dict:
         """What this rank does now: ``{rank, ops, op, seconds, last}`` (local)."""
         current = self._current
@@ -151,8 +178,7 @@ class Watchdog:
         while not self._stop.wait(_POLL_SECONDS):
             self._answer_queries()
             current = self._current
-            self._death_watch.note(current[0] if current is not None
-                                   else f"idle after {self.last_op!r}")
+            self._death_watch.note(self.doing())
             if current is not None and time.monotonic() - current[1] > self.timeout:
                 self._fire(current)
                 return

@@ -21,10 +21,13 @@ class CommandChannel:
         ps: the :class:`~hpcpax.ps.server.ParameterServer` the servers serve.
         handlers: ``{op: handler(**args)}``; the op ``stop`` ends
             :meth:`serve` (its handler may be omitted).
+        watchdog: the rank's :class:`~hpcpax.comm.watchdog.Watchdog`: a rank killed
+            in a command is reported in it (``checkpoint write after step 8``).
     """
 
-    def __init__(self, topology, ps, handlers):
+    def __init__(self, topology, ps, handlers, watchdog=None):
         self.topology, self.ps, self.handlers = topology, ps, dict(handlers)
+        self.watchdog = watchdog
 
     def run(self, op, **args):
         """Workers: run ``op`` on every rank; returns this rank's handler result.
@@ -53,4 +56,16 @@ class CommandChannel:
             handler = self.handlers[op]
         except KeyError:
             raise RuntimeError(f"unknown trainer command {op!r}") from None
-        return handler(**command)
+        if self.watchdog is None:
+            return handler(**command)
+        with self.watchdog.activity(_described(op, command)):
+            return handler(**command)
+
+
+def _described(op, args) -> str:
+    """How a rank killed in command ``op`` is reported."""
+    if op == "save":
+        return f"checkpoint write after step {args.get('step')}"
+    if op == "load":
+        return "checkpoint load"
+    return f"command {op!r}"

@@ -172,7 +172,8 @@ def build_engine(topology, specs, plan: PlanRequest, settings: EngineSettings | 
         engine.planning = PlanController(engine, plan.mode, label=plan.label)
         engine.planning.measure_fabric()
         engine.commands = CommandChannel(topology, ps, {
-            "switch": engine.sync.switch, "hot_rows": ps.set_hot_rows, **(commands or {})})
+            "switch": engine.sync.switch, "hot_rows": ps.set_hot_rows, **(commands or {})},
+            watchdog=watchdog)
         if before_dense is not None:
             before_dense(engine)
         if topology.is_worker:

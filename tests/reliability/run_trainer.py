@@ -14,6 +14,9 @@ Started by the reliability tests under their own ``mpirun``. Environment:
 - ``RELIABILITY_CRASH_IN_CHECKPOINT=STEP[:RANK]``: RANK (default the last)
   dies (``os._exit(9)``) while checkpoint STEP is half written: its files are
   in the temporary directory, the manifest is not.
+- ``RELIABILITY_PAUSE_IN_CHECKPOINT=STEP:RANK``: RANK writes ``in_checkpoint``
+  in ``RELIABILITY_PID_DIR`` and then sleeps inside the write of checkpoint STEP,
+  for the test to kill it there.
 - ``RELIABILITY_EXIT_DELAY=SECONDS:RANK``: RANK sleeps SECONDS right after
   ``MPI_Finalize`` (as a rank the OS runs late while the job ends), then says so.
 - ``RELIABILITY_SIGNAL_STEP=STEP``: after its step STEP the first worker sends
@@ -61,6 +64,29 @@ def signal_hook():
                     os.kill(int(handle.read()), signal.SIGUSR1)
 
     return [hook]
+
+
+def pause_in_checkpoint():
+    spec = os.environ.get("RELIABILITY_PAUSE_IN_CHECKPOINT")
+    if not spec:
+        return
+    from hpcpax.app import checkpoint_files as checkpoint
+
+    pause_step, _, pause_rank = spec.partition(":")
+    if int(pause_rank) != MPI.COMM_WORLD.Get_rank():
+        return
+    save = checkpoint.save
+
+    def pausing_save(comm, run_dir, step, **kwargs):
+        if int(step) == int(pause_step):
+            marker = os.path.join(os.environ["RELIABILITY_PID_DIR"], "in_checkpoint")
+            with open(marker, "w", encoding="ascii") as handle:
+                handle.write(str(step))
+            while True:
+                time.sleep(1)
+        return save(comm, run_dir, step, **kwargs)
+
+    checkpoint.save = pausing_save
 
 
 def late_after_finalize():
@@ -138,5 +164,6 @@ if __name__ == "__main__":
             time.sleep(1)
     hang_in_setup()
     crash_in_checkpoint()
+    pause_in_checkpoint()
     late_after_finalize()
     _exit(main(hooks=hang_hook() + signal_hook()))
