@@ -10,7 +10,6 @@ a rank killed in a checkpoint write) and one watcher alone (its abstract-socket
 fallback, where the kernel's peer credentials are all that guard it).
 """
 
-import importlib.util
 import json
 import os
 import signal
@@ -28,16 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "reliability"))
 from reliability_jobs import TINY, Job, serial_only  # noqa: E402
 
 
-def _by_path(name, path):
-    """A module loaded from ``path`` under ``name`` (``from conftest import`` would find
-    whichever conftest another folder's tests imported first)."""
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-as_attacker = _by_path("security_conftest", Path(__file__).with_name("conftest.py")).as_attacker
+from attackers import as_attacker, attacker  # noqa: E402,F401  (attacker: a fixture)
 
 #: The attacker: finds watchers and attacks every address it sees until told to stop
 #: (a line on stdin); prints what it saw and got as one JSON line.
