@@ -244,7 +244,7 @@ def list_checkpoints(run_dir) -> list:
             try:
                 with open(os.path.join(path, MANIFEST), encoding="utf-8") as handle:
                     json.load(handle)
-            except (OSError, json.JSONDecodeError):
+            except (OSError, ValueError, RecursionError):  # invalid UTF-8 or JSON, or too deep
                 continue
             found.append((int(match.group(1)), path))
     return sorted(found)

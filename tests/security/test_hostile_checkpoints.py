@@ -191,3 +191,55 @@ def test_hostile_checkpoint_is_refused_named_and_the_older_one_used(tmp_path, tw
             host = handle.read(16)
         with h5py.File(os.path.join(ckpt.latest(run_dir), "sparse_rank0.h5"), "r") as f:
             assert host not in f["embedding/table"][...].tobytes()
+
+
+@pytest.mark.timeout(120)
+def test_torch_load_refuses_a_broadcastable_optimizer_slot(tmp_path):
+    """``hpcpax.torch.load`` reads the same files: Adagrad's ``sum`` of a (3, 8) weight
+    stored as (8,) is refused naming it, before any parameter is overwritten."""
+    torch = pytest.importorskip("torch")
+    import hpcpax
+    import hpcpax.torch
+    from hpcpax.errors import CheckpointError
+
+    if MPI.COMM_WORLD.Get_size() > 1:
+        pytest.skip("one process; serial suite only")
+
+    class Tiny(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = torch.nn.Embedding(30, 8, sparse=True)
+            self.lin = torch.nn.Linear(8, 3)
+
+        def forward(self, ids):
+            return self.lin(self.emb(ids).mean(1)).sum(1)
+
+    torch.manual_seed(0)
+    ids = torch.randint(0, 30, (6, 2))
+    model = Tiny()
+    optimizer = torch.optim.Adagrad(model.parameters(), lr=0.1)
+    topology = hpcpax.init(servers_per_node=0)
+    model, optimizer, data = hpcpax.torch.distribute(model, optimizer, [(ids,)] * 2, plan="ps",
+                                                     topology=topology, quiet=True,
+                                                     on_server="return")
+    try:
+        for (batch,) in data:
+            optimizer.zero_grad()
+            model(batch).pow(2).mean().backward()
+            optimizer.step()
+        path = hpcpax.torch.save(model, tmp_path / "run", 2)
+        _replace(path, "dense.h5", "optimizer/lin.weight/sum",
+                 lambda group, name, old: group.create_dataset(name, data=old[0]))
+        rehash(path)
+        before = model.lin.weight.detach().clone()
+        with torch.no_grad():
+            model.lin.weight.add_(1.0)
+        changed = model.lin.weight.detach().clone()
+        with pytest.raises(CheckpointError, match=r"optimizer slot 'sum' of 'lin.weight' is "
+                                                  r"float32 \(8,\), the parameter is float32 "
+                                                  r"\(3, 8\)"):
+            hpcpax.torch.load(model, path)
+        assert torch.equal(model.lin.weight, changed) and not torch.equal(changed, before)
+    finally:
+        hpcpax.torch.finish()
+        topology.free()
