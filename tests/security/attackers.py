@@ -1,4 +1,8 @@
-"""Fixtures of the security tests: a second local user who attacks this job.
+"""The security tests' second local user, who attacks this job.
+
+A module, not a ``conftest.py``: other folders' tests ``from conftest import``,
+which would find this file if it were one. Tests take the fixture with
+``from attackers import attacker  # noqa: F401`` and the helpers by name.
 
 On a shared login or compute node another uid can see a job's processes
 (``/proc``), its abstract sockets (``/proc/net/unix``) and any file the job
