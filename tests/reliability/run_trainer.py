@@ -167,9 +167,9 @@ if __name__ == "__main__":
               file=sys.stderr, flush=True)
         while True:
             time.sleep(1)
+    fill_disk_at_checkpoint()
     hang_in_setup()
     crash_in_checkpoint()
-    fill_disk_at_checkpoint()
     late_after_finalize()
     hooks = hang_hook() + signal_hook()
     if os.environ.get("RELIABILITY_CLI_ERRORS") == "1":
