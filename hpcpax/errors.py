@@ -20,7 +20,15 @@ __all__ = [
 
 
 class HpcpaxError(Exception):
-    """Base class of every error raised by hpcpax."""
+    """Base class of every error raised by hpcpax.
+
+    Attributes:
+        on_every_rank: True on an error that every rank raises with the same
+            message (a collective check's); ``python -m hpcpax.train`` then
+            prints it once, from rank 0, instead of once per rank.
+    """
+
+    on_every_rank = False
 
 
 class ConfigError(HpcpaxError, ValueError):

@@ -73,8 +73,10 @@ def _main_aborting_on_error() -> int:
         from .errors import HpcpaxError
 
         if isinstance(exc, HpcpaxError):  # a diagnosed problem: its message says it all
-            # one write, newline included: another rank's abort may kill this one at once
-            sys.stderr.write(f"hpcpax.train: error on rank {_world_rank()}: {exc}\n")
+            # one write, newline included: another rank's abort may kill this one at once;
+            # an error every rank raised alike is said once
+            if not exc.on_every_rank or _world_rank() == 0:
+                sys.stderr.write(f"hpcpax.train: error on rank {_world_rank()}: {exc}\n")
         else:
             import traceback
 

@@ -369,7 +369,7 @@ class ModelSync:
         error = None
         try:
             self.sync.restore_rows(lambda name, keep: ckpt.load_matching(
-                path, name, keep, dim=self.sync[name].spec.dim))
+                path, name, keep, layout=ckpt.RowsLayout.of(self.sync[name].spec)))
         except CheckpointError as exc:
             error = str(exc)
         errors = [e for e in topo.comm.allgather(error) if e]

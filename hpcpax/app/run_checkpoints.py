@@ -123,7 +123,9 @@ class RunCheckpoints:
                 return None, str(exc)
 
         def refuse(message):
-            raise CheckpointError(message)
+            error = CheckpointError(message)
+            error.on_every_rank = True  # every rank runs this command: said once
+            raise error
 
         return {"save": lambda step, meta: self.save(step, meta, sync, dense, dense_state),
                 "load": load, "check_disk": lambda: self.prepare(sync, dense, dense_state),
@@ -230,7 +232,9 @@ class RunCheckpoints:
 
         Returns the step it was written after. Raises on every rank
         together: :class:`~hpcpax.errors.CheckpointError` when any rank finds
-        it damaged, :class:`~hpcpax.errors.MismatchError` when another
+        it damaged or of another layout (a dataset of another shape or
+        dtype, external or virtual storage, a ``meta.json`` without a step),
+        :class:`~hpcpax.errors.MismatchError` when another
         training setup wrote it (other flags, or a data file of other
         content; a moved data file is fine).
         """
@@ -238,7 +242,7 @@ class RunCheckpoints:
         ckpt.verify(path, topo.comm)
         meta = ckpt.read_meta(path)
         if meta.get("training_fingerprint") != self.training_fingerprint():
-            saved = meta.get("config", {})
+            saved = meta.get("config") if isinstance(meta.get("config"), dict) else {}
             differ = [f"{k}={_shown(saved.get(k))} there, {_shown(self.config[k])} now"
                       for k in TRAINING_KEYS if k != "data" and saved.get(k) != self.config[k]]
             if self.config["data"] is not None and \
@@ -249,8 +253,8 @@ class RunCheckpoints:
                                 + ", ".join(differ[:4]))
         error = None
         try:
-            sync.restore_rows(lambda name, keep: ckpt.load_matching(path, name, keep,
-                                                                   dim=sync[name].spec.dim))
+            sync.restore_rows(lambda name, keep: ckpt.load_matching(
+                path, name, keep, layout=ckpt.RowsLayout.of(sync[name].spec)))
             if topo.is_worker:
                 _load_dense(path, dense, dense_state, optimizer, xp)
         except CheckpointError as exc:
@@ -262,8 +266,8 @@ class RunCheckpoints:
 
 
 def _load_dense(path, dense, dense_state, optimizer, xp) -> None:
-    params, state = ckpt.load_dense(path, {k: v.shape for k, v in dense.items()})
-    for name in dense:  # load_dense checked every name and shape before reading
+    params, state = ckpt.load_dense(path, dense, dense_state)
+    for name in dense:  # load_dense checked every name, shape and dtype before reading
         dense[name][...] = xp.asarray(params[name])
         for slot, value in dense_state[name].items():
             # the optimizer's scalar slots (Adam's step) stay host arrays

@@ -407,7 +407,8 @@ class Trainer:
         summary["emulated_compute"] = (self.emulated.compute.to_dict()
                                        if self.emulated is not None else None)
         write_json(os.path.join(self.run_dir, "summary.json"), summary)
-        record_run(self.engine, self.config)  # one record in the run log (never raises)
         if not self.config["quiet"]:
             print(summary_line(summary, self.run_dir), flush=True)
+        # after the summary line: the log's bounded wait for a lock never costs the run its end
+        record_run(self.engine, self.config)  # one record in the run log (never raises)
         return summary

@@ -201,6 +201,16 @@ class TableShard:
             raise CheckpointError(f"variable {name!r}: checkpoint optimizer state "
                                   f"{sorted(row_state) + sorted(scalars)} does not match "
                                   f"the optimizer's {sorted(opt.state_names)}")
+        # exact shapes and dtypes: numpy would broadcast a (64,) or (n, 1) slot into place
+        expected = [("ids", gids, (len(table),), gids.dtype)] + \
+            [(f"optimizer slot {k!r}", v, table.shape, table.dtype) for k, v in row_state.items()] \
+            + [(f"optimizer scalar {k!r}", v, np.shape(self.state[k]),
+                np.asarray(self.state[k]).dtype) for k, v in scalars.items()]
+        for what, value, shape, dtype in expected:
+            if np.shape(value) != shape or np.asarray(value).dtype != dtype:
+                raise CheckpointError(f"variable {name!r}: checkpoint {what} is "
+                                      f"{np.asarray(value).dtype} {np.shape(value)}, expected "
+                                      f"{dtype} {shape}")
         self._reset()
         try:
             self.place(gids, table, row_state)

@@ -23,26 +23,43 @@ __all__ = ["main", "LAST"]
 LAST = 40
 
 
+def _part(record, key) -> dict:
+    """``record[key]`` when it is a dict, else ``{}`` (a malformed record shows ``?``)."""
+    value = record.get(key)
+    return value if isinstance(value, dict) else {}
+
+
 def _methods(record) -> str:
     counts = {}
-    for entry in (record.get("strategy") or {}).values():
-        counts[entry["method"]] = counts.get(entry["method"], 0) + 1
+    for entry in _part(record, "strategy").values():
+        method = entry.get("method") if isinstance(entry, dict) else None
+        method = method if isinstance(method, str) else "?"
+        counts[method] = counts.get(method, 0) + 1
     return ",".join(f"{m}x{c}" if c > 1 else m for m, c in sorted(counts.items())) or "-"
 
 
 def _ms(value) -> str:
-    return "-" if value is None else f"{value * 1e3:.2f}"
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return "-" if value is None else "?"
+    return f"{value * 1e3:.2f}"
+
+
+def _text(value) -> str:
+    """A field as one printable line (a record is data, not terminal control)."""
+    return "".join(c if c.isprintable() else "?" for c in str(value))
 
 
 def _line(record) -> str:
-    layout = record.get("layout") or {}
+    layout = _part(record, "layout")
     shape = (f"{layout.get('num_nodes', '?')}n x {layout.get('workers_per_node', '?')}w"
              f" + {layout.get('servers', '?')}s")
-    predicted = (record.get("predicted") or {}).get("seconds")
-    return "  ".join([f"{record['id']:>5}", record["created_utc"], f"{record['source']:<18}",
-                      f"{(record.get('model') or {}).get('name') or '?':<5}", f"{shape:<12}",
-                      f"{_methods(record):<24}", f"{_ms((record.get('measured') or {}).get('step_s')):>9}",
-                      f"{_ms(predicted):>9}"])
+    predicted = _part(record, "predicted").get("seconds")
+    name = _part(record, "model").get("name") or "?"
+    return _text("  ".join([f"{record['id']:>5}", str(record["created_utc"]),
+                            f"{str(record['source']):<18}", f"{_text(name):<5}", f"{shape:<12}",
+                            f"{_methods(record):<24}",
+                            f"{_ms(_part(record, 'measured').get('step_s')):>9}",
+                            f"{_ms(predicted):>9}"]))
 
 
 def main(argv=None) -> int:

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 __all__ = ["FEATURES", "MIN_RECORDS", "RIDGES", "Correction", "fit_correction",
-           "load_correction", "record_features", "record_group"]
+           "load_correction", "record_features", "record_group", "usable_records"]
 
 FEATURES = ("latency", "intra link", "inter link", "node NIC", "server CPU", "client kernels",
             "scheduling", "software")
@@ -44,16 +44,62 @@ RIDGES = (0.1, 1.0, 10.0)
 WEIGHT_RANGE = (0.05, 20.0)
 
 
+def _part(record, key) -> dict:
+    """``record[key]`` when it is a dict, else ``{}`` (a malformed record has no such part)."""
+    value = record.get(key) if isinstance(record, dict) else None
+    return value if isinstance(value, dict) else {}
+
+
+def _seconds(value) -> float:
+    """``value`` as finite, non-negative seconds; ValueError otherwise."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) \
+            or not np.isfinite(value) or value < 0:
+        raise ValueError(f"{value!r} is not a number of seconds")
+    return float(value)
+
+
 def record_features(record: dict):
-    """``(features, rest, measured)`` of a record, or None when it has no prediction."""
-    predicted = record.get("predicted") or {}
-    resources = predicted.get("resources")
-    measured = (record.get("measured") or {}).get("step_s")
+    """``(features, rest, measured)`` of a record, or None when it has no prediction.
+
+    Raises:
+        ValueError: the record's prediction or measurement is malformed (not
+            finite non-negative seconds; a measured step of 0).
+    """
+    resources = _part(record, "predicted").get("resources")
+    measured = _part(record, "measured").get("step_s")
     if not resources or measured is None:
         return None
-    features = np.array([float(resources.get(k, 0.0)) for k in FEATURES])
-    rest = float(sum(v for k, v in resources.items() if k not in FEATURES))
-    return features, rest, float(measured)
+    if not isinstance(resources, dict):
+        raise ValueError(f"predicted resources are a {type(resources).__name__}")
+    features = np.array([_seconds(resources.get(k, 0.0)) for k in FEATURES])
+    rest = float(sum(_seconds(v) for k, v in resources.items() if k not in FEATURES))
+    measured = _seconds(measured)
+    if measured == 0:
+        raise ValueError("a measured step of 0 s")
+    return features, rest, measured
+
+
+def usable_records(records) -> list:
+    """The records with a well-formed prediction and measurement; one
+    :class:`~hpcpax.runlog.log.RunLogWarning` names how many others were malformed."""
+    from .log import _warn
+
+    usable, malformed = [], []
+    for record in records:
+        try:
+            if record_features(record) is not None:
+                usable.append(record)
+        except ValueError as exc:
+            malformed.append(f"record {record.get('id', '?')}: {exc}")
+    if malformed:
+        _warn(f"run log: {len(malformed)} malformed record(s) left out of the learned "
+              f"correction ({malformed[0]})")
+    return usable
+
+
+def _model_name(record) -> str:
+    name = _part(record, "model").get("name")
+    return name if isinstance(name, str) else "?"
 
 
 @dataclass
@@ -92,8 +138,8 @@ class Correction:
 
 def record_group(record: dict) -> str:
     """The cross-validation group of a record: its model's name and its layout."""
-    name = (record.get("model") or {}).get("name") or "?"
-    return name + " " + json.dumps(record.get("layout"), sort_keys=True, default=str)
+    return _model_name(record) + " " + json.dumps(_part(record, "layout"), sort_keys=True,
+                                                 default=str)
 
 
 def _arrays(records):
@@ -120,12 +166,12 @@ def fit_correction(records, ridge: float | None = None) -> Correction | None:
     once and each fold is one K x K solve, so thousands of records fit in
     milliseconds (the first worker fits while the others wait).
     """
-    usable = [r for r in records if record_features(r) is not None]
+    usable = usable_records(records)
     if not usable:
         return None
     data = _arrays(usable)
     groups = np.array([record_group(r) for r in usable])
-    models = sorted({(r.get("model") or {}).get("name") or "?" for r in usable})
+    models = sorted({_model_name(r) for r in usable})
     names = sorted(set(groups.tolist()))
     if len(names) < 2:
         return Correction(_weights_dict(_solve(data, RIDGE if ridge is None else ridge)),
@@ -172,14 +218,15 @@ def _weights_dict(weights) -> dict:
 def load_correction(path: str | None = None, min_records: int = MIN_RECORDS):
     """``(Correction or None, why)`` from the run log (see :mod:`hpcpax.runlog.log`).
 
-    Not collective; never raises for a bad log (the log warns and gives nothing).
+    Not collective; never raises for a bad log or a malformed record (one
+    warning each; the record is left out).
     """
     from .log import RunLog
 
     log = RunLog(path)
     if not log.enabled:
         return None, "not used: run log off"
-    usable = [r for r in log.records() if record_features(r) is not None]
+    usable = usable_records(log.records())
     if len(usable) < min_records:
         return None, f"not used: {len(usable)} records with a prediction < {min_records}"
     correction = fit_correction(usable)

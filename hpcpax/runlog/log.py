@@ -23,25 +23,47 @@ Schema (version :data:`SCHEMA_VERSION`)::
          predicted_s REAL,   -- analytic prediction, NULL when none
          record TEXT)        -- the whole record as JSON
 
-Robustness: the log must never stop training. A corrupt file, a lock held
-too long or a schema newer than this code gives one warning and the call
-returns ``None`` (append) or ``[]`` (read); the planner then uses the
-analytic model alone. Writers take SQLite's write lock for one short
-transaction each (``BEGIN IMMEDIATE``, 30 s busy timeout), so concurrent
-jobs lose no record. Not collective: call it from one rank.
+Robustness: the log must never stop training. A corrupt file, a malformed
+record (a JSON list, a non-numeric schema version, ...), a lock held longer
+than :data:`LOCK_BUDGET_S`, a schema newer than this code or an unsafe place
+gives one warning (:class:`RunLogWarning`, one line) and the call returns
+``None`` (append) or the well-formed records (read); the planner then uses
+the analytic model alone. Writers take SQLite's write lock for one short
+transaction each (``BEGIN IMMEDIATE``), so concurrent jobs lose no record;
+every lock wait of one call together is bounded by :data:`LOCK_BUDGET_S`
+seconds, independent of ``HPCPAX_TIMEOUT``. Not collective: call it from
+one rank.
+
+Trust: the log is this user's alone. Its directory (created 0700) must be
+owned by this user (or root) and writable by no other user (group-writable
+only by the user's own private group): in a directory others can write,
+such as a shared sticky ``/tmp``, they could plant a link at the log's path
+or at SQLite's ``-journal`` beside it, so the log is not used there. The
+file is opened with ``O_NOFOLLOW`` and must be a regular file of this user
+with no other hard link; it is created 0600 (SQLite gives its journal the
+same mode) and an older, wider mode is narrowed. SQLite locks the log file
+itself (``fcntl``): there is no separate lock file.
 """
 
 from __future__ import annotations
 
+import errno
+import grp
 import json
+import math
 import os
+import pwd
 import sqlite3
+import stat
 import time
 import warnings
 
-__all__ = ["SCHEMA_VERSION", "RunLog", "run_log_path", "RunLogWarning"]
+__all__ = ["SCHEMA_VERSION", "LOCK_BUDGET_S", "RunLog", "run_log_path", "RunLogWarning"]
 
 SCHEMA_VERSION = 1
+#: Seconds one run-log call may wait for other writers' locks, in all (then it warns and
+#: skips): small, so that a held lock never costs a run its end (the summary line)
+LOCK_BUDGET_S = 5.0
 _SCHEMA = (
     "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
     "CREATE TABLE IF NOT EXISTS runs (id INTEGER PRIMARY KEY AUTOINCREMENT, "
@@ -49,6 +71,8 @@ _SCHEMA = (
     "nodes INTEGER, servers INTEGER, step_s REAL, predicted_s REAL, record TEXT NOT NULL)",
 )
 _OFF = ("off", "0", "none", "false", "no")
+#: SQLite's companions of a database file (rollback journal, write-ahead log and its index)
+_COMPANIONS = ("-journal", "-wal", "-shm")
 
 
 class RunLogWarning(UserWarning):
@@ -73,7 +97,88 @@ def run_log_path(path: str | None = None) -> str | None:
 
 
 def _warn(message):
-    warnings.warn(message, RunLogWarning, stacklevel=3)
+    # one line: no file name or source line of ours, which say nothing to a user
+    warnings.warn_explicit(" ".join(str(message).split()), RunLogWarning, "hpcpax", 0,
+                           module="hpcpax.runlog.log")
+
+
+class _Unsafe(Exception):
+    """The log's place or file is not this user's alone (the message says why)."""
+
+
+def _private_group(gid) -> bool:
+    """Whether group ``gid`` is this user's own: their primary group, no other member."""
+    try:
+        group, user = grp.getgrgid(gid), pwd.getpwuid(os.geteuid())
+    except KeyError:
+        return False
+    return gid == user.pw_gid and set(group.gr_mem) <= {user.pw_name}
+
+
+def _check_directory(directory) -> None:
+    """Raise :class:`_Unsafe` unless only this user (or root) can add or replace files there."""
+    info = os.stat(directory)
+    if info.st_uid not in (os.geteuid(), 0):
+        raise _Unsafe(f"its directory {directory} belongs to uid {info.st_uid}, not this user")
+    mode = stat.S_IMODE(info.st_mode)
+    if mode & stat.S_IWOTH or (mode & stat.S_IWGRP and not _private_group(info.st_gid)):
+        raise _Unsafe(f"its directory {directory} (mode {mode:04o}) is writable by other users, "
+                      "who could plant a link there; use a directory of your own")
+
+
+def _check_file(path, fd=None) -> None:
+    """Raise :class:`_Unsafe` unless ``path`` (open as ``fd``, else not followed) is a
+    regular file of this user with no other hard link."""
+    info = os.fstat(fd) if fd is not None else os.lstat(path)
+    if not stat.S_ISREG(info.st_mode):
+        kind = "a symbolic link" if stat.S_ISLNK(info.st_mode) else "not a regular file"
+        raise _Unsafe(f"{path} is {kind}")
+    if info.st_uid != os.geteuid():
+        raise _Unsafe(f"{path} belongs to uid {info.st_uid}, not this user")
+    if info.st_nlink != 1:
+        raise _Unsafe(f"{path} has {info.st_nlink} hard links")
+
+
+def _open_safely(path, create) -> bool:
+    """Check (and create, 0600) the log file before SQLite opens it by name; False when it
+    does not exist and ``create`` is False. Raises :class:`_Unsafe` or OSError."""
+    directory = os.path.dirname(os.path.abspath(path))
+    if create:
+        os.makedirs(directory, mode=0o700, exist_ok=True)
+    elif not os.path.lexists(path):
+        return False
+    _check_directory(directory)
+    for suffix in _COMPANIONS:  # SQLite opens these by name, following links
+        if os.path.lexists(path + suffix):
+            _check_file(path + suffix)
+    flags = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    flags |= os.O_RDWR | os.O_CREAT if create else os.O_RDONLY
+    try:
+        fd = os.open(path, flags, 0o600)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:  # O_NOFOLLOW met a symbolic link
+            raise _Unsafe(f"{path} is a symbolic link") from None
+        raise
+    try:
+        _check_file(path, fd)
+        if stat.S_IMODE(os.fstat(fd).st_mode) & 0o077:
+            os.fchmod(fd, 0o600)  # written by an older hpcpax with the umask's mode
+    finally:
+        os.close(fd)
+    return True
+
+
+class _Deadline:
+    """The lock-wait budget of one call, shared by all its statements."""
+
+    def __init__(self, seconds):
+        self.end = time.monotonic() + max(0.0, seconds)
+
+    def execute(self, connection, statement, args=()):
+        """``connection.execute`` waiting at most what is left of the budget for a lock."""
+        left = max(0, int((self.end - time.monotonic()) * 1000))
+        connection.execute(f"PRAGMA busy_timeout = {left}")
+        return connection.execute(statement, args)
 
 
 class RunLog:
@@ -81,71 +186,81 @@ class RunLog:
 
     Args:
         path: the SQLite file (default :func:`run_log_path`).
-        timeout_s: how long a writer waits for another's lock.
+        timeout_s: how long one call may wait for others' locks, in all
+            (default :data:`LOCK_BUDGET_S`).
     """
 
-    def __init__(self, path: str | None = None, timeout_s: float = 30.0):
+    def __init__(self, path: str | None = None, timeout_s: float | None = None):
         self.path = run_log_path(path)
-        self.timeout_s = float(timeout_s)
+        self.timeout_s = float(LOCK_BUDGET_S if timeout_s is None else timeout_s)
 
     @property
     def enabled(self) -> bool:
         """Whether runs are recorded (a path is set)."""
         return self.path is not None
 
-    def _connect(self, create):
-        if create:
-            os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
-        elif not os.path.exists(self.path):
+    def _connect(self, create, deadline):
+        """A connection, or None when there is no log yet (reading). Raises :class:`_Unsafe`."""
+        if not _open_safely(self.path, create):
             return None
-        return sqlite3.connect(self.path, timeout=self.timeout_s, isolation_level=None)
+        return sqlite3.connect(self.path, timeout=max(0.0, deadline.end - time.monotonic()),
+                               isolation_level=None)
 
     @staticmethod
-    def _version(connection):
-        tables = {row[0] for row in connection.execute(
-            "SELECT name FROM sqlite_master WHERE type='table'")}
+    def _version(connection, deadline):
+        """The schema version: None without one, a string when it is not a number."""
+        tables = {row[0] for row in deadline.execute(
+            connection, "SELECT name FROM sqlite_master WHERE type='table'")}
         if "meta" not in tables:
             return None
-        row = connection.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
-        return int(row[0]) if row else None
+        row = deadline.execute(connection,
+                               "SELECT value FROM meta WHERE key='schema_version'").fetchone()
+        if row is None:
+            return None
+        try:
+            return int(row[0])
+        except (TypeError, ValueError, OverflowError):
+            return repr(row[0])
 
     def append(self, record: dict, source: str = "train") -> int | None:
-        """Add ``record`` (JSON data); returns its id, or None (with a warning) on failure."""
+        """Add ``record`` (JSON data); returns its id, or None (with a one-line warning) on
+        failure. Never raises."""
         if not self.enabled:
             return None
         try:
             text = json.dumps(record, sort_keys=True, allow_nan=False)
-        except (TypeError, ValueError) as exc:
+        except (TypeError, ValueError, RecursionError) as exc:
             _warn(f"run log: record not saved, it is not JSON data ({exc})")
             return None
-        layout = record.get("layout", {})
-        measured, predicted = record.get("measured", {}), record.get("predicted") or {}
         row = (time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), str(source),
-               (record.get("model") or {}).get("name"), layout.get("workers"),
-               layout.get("num_nodes"), layout.get("servers"), measured.get("step_s"),
-               predicted.get("seconds"), text)
-        connection = None
+               *_columns(record), text)
+        connection, deadline = None, _Deadline(self.timeout_s)
         try:
-            connection = self._connect(create=True)
-            connection.execute("BEGIN IMMEDIATE")
+            connection = self._connect(True, deadline)
+            deadline.execute(connection, "BEGIN IMMEDIATE")
             for statement in _SCHEMA:
-                connection.execute(statement)
-            version = self._version(connection)
+                deadline.execute(connection, statement)
+            version = self._version(connection, deadline)
             if version is None:
-                connection.execute("INSERT INTO meta VALUES ('schema_version', ?)",
-                                   (str(SCHEMA_VERSION),))
-            elif version > SCHEMA_VERSION:
+                deadline.execute(connection, "INSERT OR REPLACE INTO meta VALUES "
+                                 "('schema_version', ?)", (str(SCHEMA_VERSION),))
+            elif not isinstance(version, int) or version > SCHEMA_VERSION:
                 connection.execute("ROLLBACK")
-                _warn(f"run log {self.path} has schema {version}, newer than this hpcpax's "
-                      f"{SCHEMA_VERSION}: record not saved")
+                _warn(f"run log {self.path} has schema {version}, "
+                      + ("not a number" if not isinstance(version, int) else
+                         f"newer than this hpcpax's {SCHEMA_VERSION}") + ": record not saved")
                 return None
-            cursor = connection.execute(
-                "INSERT INTO runs (created_utc, source, model, workers, nodes, servers, step_s, "
-                "predicted_s, record) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", row)
-            connection.execute("COMMIT")
+            cursor = deadline.execute(
+                connection, "INSERT INTO runs (created_utc, source, model, workers, nodes, "
+                "servers, step_s, predicted_s, record) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", row)
+            deadline.execute(connection, "COMMIT")
             return int(cursor.lastrowid)
-        except (sqlite3.Error, OSError) as exc:
-            _warn(f"run log {self.path} unusable ({type(exc).__name__}: {exc}); record not saved")
+        except _Unsafe as exc:
+            _warn(f"run log {self.path} not used: {exc}; record not saved")
+            return None
+        except Exception as exc:  # noqa: BLE001  (the log never stops a run)
+            _warn(f"run log {self.path} unusable ({type(exc).__name__}: {exc}); "
+                  "record not saved")
             return None
         finally:
             if connection is not None:
@@ -153,23 +268,27 @@ class RunLog:
 
     def records(self, model: str | None = None, source: str | None = None,
                 limit: int | None = None) -> list:
-        """Records (dicts with their ``id`` and ``created_utc``), oldest first.
+        """Records (dicts with their ``id`` and ``created_utc``), oldest first. Never raises.
 
-        ``[]`` with a warning when the file is unreadable or of a newer schema.
+        ``[]`` with a warning when the file is unusable or of a newer schema;
+        a malformed record (not a JSON object) is left out, with one warning
+        for them all.
         """
         if not self.enabled:
             return []
-        connection = None
+        connection, deadline = None, _Deadline(self.timeout_s)
         try:
-            connection = self._connect(create=False)
+            connection = self._connect(False, deadline)
             if connection is None:
                 return []
-            version = self._version(connection)
+            deadline.execute(connection, "BEGIN")  # one read lock for every statement
+            version = self._version(connection, deadline)
             if version is None:
                 return []
-            if version > SCHEMA_VERSION:
-                _warn(f"run log {self.path} has schema {version}, newer than this hpcpax's "
-                      f"{SCHEMA_VERSION}: ignored")
+            if not isinstance(version, int) or version > SCHEMA_VERSION:
+                _warn(f"run log {self.path} has schema {version}, "
+                      + ("not a number" if not isinstance(version, int) else
+                         f"newer than this hpcpax's {SCHEMA_VERSION}") + ": ignored")
                 return []
             query, args = "SELECT id, created_utc, source, record FROM runs", []
             where = [(c, v) for c, v in (("model", model), ("source", source)) if v is not None]
@@ -179,15 +298,60 @@ class RunLog:
             query += " ORDER BY id"
             if limit is not None:
                 query += f" LIMIT {int(limit)}"
-            out = []
-            for run_id, created, run_source, text in connection.execute(query, args):
-                record = json.loads(text)
+            out, malformed = [], []
+            for run_id, created, run_source, text in deadline.execute(connection, query, args):
+                record = _parse(text)
+                if isinstance(record, str):
+                    malformed.append(f"record {run_id}: {record}")
+                    continue
                 record.update(id=run_id, created_utc=created, source=run_source)
                 out.append(record)
+            if malformed:
+                _warn(f"run log {self.path}: {len(malformed)} malformed record(s) ignored "
+                      f"({malformed[0]})")
             return out
-        except (sqlite3.Error, OSError, ValueError) as exc:
+        except _Unsafe as exc:
+            _warn(f"run log {self.path} not used: {exc}; ignored")
+            return []
+        except Exception as exc:  # noqa: BLE001  (the log never stops a run)
             _warn(f"run log {self.path} unreadable ({type(exc).__name__}: {exc}); ignored")
             return []
         finally:
             if connection is not None:
                 connection.close()
+
+
+def _number(value):
+    """``value`` when it is a finite number (not a bool), else None."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool) \
+            and math.isfinite(value):
+        return value
+    return None
+
+
+def _columns(record) -> tuple:
+    """The indexed columns of a record: model, workers, nodes, servers, step_s, predicted_s."""
+    def part(key):
+        value = record.get(key) if isinstance(record, dict) else None
+        return value if isinstance(value, dict) else {}
+
+    layout, model = part("layout"), part("model")
+    name = model.get("name")
+    return (name if isinstance(name, str) else None, _number(layout.get("workers")),
+            _number(layout.get("num_nodes")), _number(layout.get("servers")),
+            _number(part("measured").get("step_s")), _number(part("predicted").get("seconds")))
+
+
+def _refuse_constant(name):
+    raise ValueError(f"{name} is not a number")
+
+
+def _parse(text):
+    """The record stored as ``text``: a dict, or a string saying why it is malformed."""
+    try:
+        record = json.loads(text, parse_constant=_refuse_constant)
+    except (TypeError, ValueError, RecursionError) as exc:
+        return f"not JSON ({type(exc).__name__}: {' '.join(str(exc).split())[:80]})"
+    if not isinstance(record, dict):
+        return f"a JSON {type(record).__name__}, not an object"
+    return record

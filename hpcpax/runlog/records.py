@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import json
 import os
-import warnings
 
 import numpy as np
 
-from .log import RunLog, RunLogWarning, run_log_path
+from .log import RunLog, _warn, run_log_path
 
 __all__ = ["record_run", "run_record", "measured_phases", "layout_summary"]
 
@@ -130,14 +129,13 @@ def record_run(engine, config, source: str = "train") -> int | None:
     record id or None.
 
     Not collective (call it on one rank). Never raises: a problem is a
-    :class:`~hpcpax.runlog.log.RunLogWarning`.
+    one-line :class:`~hpcpax.runlog.log.RunLogWarning`.
     """
     if run_log_path() is None:
         return None
     try:
         record = run_record(engine, config)
     except Exception as exc:  # noqa: BLE001  (a finished run must not fail here)
-        warnings.warn(f"run log: no record of this run ({type(exc).__name__}: {exc})",
-                      RunLogWarning, stacklevel=2)
+        _warn(f"run log: no record of this run ({type(exc).__name__}: {exc})")
         return None
     return RunLog().append(record, source)

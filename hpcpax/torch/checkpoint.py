@@ -55,6 +55,33 @@ def _dense_state(session):
     return tensors, slots, groups
 
 
+def _numpy_dtype(tensor):
+    """The NumPy dtype of a tensor's values (None for one NumPy lacks, e.g. bfloat16)."""
+    try:
+        return torch.empty(0, dtype=tensor.dtype).numpy().dtype
+    except TypeError:
+        return None
+
+
+def _wrong_slot(slots, params):
+    """What is wrong with the first saved optimizer slot that does not fit its parameter
+    (a tensor slot must have the parameter's shape and dtype: torch would broadcast), or None."""
+    for name, state in slots.items():
+        param = params.get(name)
+        if param is None:
+            continue
+        for key, value in state.items():
+            value = np.asarray(value)
+            if key == "step" or value.ndim == 0:
+                continue  # counters and scalars
+            dtype = _numpy_dtype(param)
+            if tuple(value.shape) != tuple(param.shape) or \
+                    (value.dtype.kind == "f" and dtype is not None and value.dtype != dtype):
+                return (f"optimizer slot {key!r} of {name!r} is {value.dtype} "
+                        f"{tuple(value.shape)}, the parameter is {dtype} {tuple(param.shape)}")
+    return None
+
+
 def save(model, run_dir, step, *, keep=0) -> str:
     """Write a checkpoint of the distributed ``model`` and its optimizers after ``step``.
 
@@ -87,21 +114,26 @@ def load(model, path) -> int:
 
     Raises:
         CheckpointError: on every rank: a damaged file (named), or a
-            parameter, buffer or table missing or of another shape.
+            parameter, buffer, optimizer slot or table missing or of another
+            shape or dtype (checked before anything is restored).
     """
     session = session_of(model)
     step, tensors, slots, meta = session.sync.load(path)
     layout = session.layout
     targets = {**layout.dense, **layout.frozen}
     problems = [name for name, t in targets.items()
-                if name not in tensors or tuple(tensors[name].shape) != tuple(t.shape)]
+                if name not in tensors or tuple(tensors[name].shape) != tuple(t.shape)
+                or _numpy_dtype(t) not in (None, tensors[name].dtype)]
     if problems:
         raise CheckpointError(f"{path}: dense tensor {problems[0]!r} missing or of another "
-                              f"shape ({len(problems)} such)")
+                              f"shape or dtype ({len(problems)} such)")
+    params = dict(model.named_parameters())
+    wrong = _wrong_slot(slots, params)  # before anything is copied: all or nothing
+    if wrong:
+        raise CheckpointError(f"{path}: {wrong}")
     with torch.no_grad():
         for name, target in targets.items():
             target.copy_(torch.from_numpy(np.ascontiguousarray(tensors[name])))
-    params = dict(model.named_parameters())
     saved_groups = meta.get("torch", {}).get("optimizers", [])
     for optimizer, groups in zip(session.optimizers, saved_groups):
         for group, saved in zip(optimizer.param_groups, groups):

@@ -19,11 +19,17 @@ Started by the reliability tests under their own ``mpirun``. Environment:
   for the test to kill it there.
 - ``RELIABILITY_EXIT_DELAY=SECONDS:RANK``: RANK sleeps SECONDS right after
   ``MPI_Finalize`` (as a rank the OS runs late while the job ends), then says so.
+- ``RELIABILITY_FILL_DISK_AT_CHECKPOINT=STEP:PATH``: rank 0 fills the file system of
+  PATH (writing PATH until no byte is left) right before checkpoint STEP, so that
+  every rank's write of it fails.
 - ``RELIABILITY_SIGNAL_STEP=STEP``: after its step STEP the first worker sends
   ``SIGUSR1`` to every rank (the pids in ``RELIABILITY_PID_DIR``), as Slurm
   does before a time limit.
 
-The job ends as ``python -m hpcpax.train`` does (:func:`hpcpax.train._exit`).
+The job ends as ``python -m hpcpax.train`` does (:func:`hpcpax.train._exit`);
+with ``RELIABILITY_CLI_ERRORS=1`` an error is also reported as it does (one
+line for a diagnosed error, said once when every rank raised it; then the
+job aborts) instead of by ``python -m mpi4py``'s traceback.
 """
 
 import os
@@ -151,6 +157,31 @@ def crash_in_checkpoint():
     checkpoint.save = crashing_save
 
 
+def fill_disk_at_checkpoint():
+    spec = os.environ.get("RELIABILITY_FILL_DISK_AT_CHECKPOINT")
+    if not spec:
+        return
+    from hpcpax.app import checkpoint_files as checkpoint
+
+    fill_step, _, filler = spec.partition(":")
+    save = checkpoint.save
+
+    def save_on_a_full_disk(comm, run_dir, step, **kwargs):
+        if int(step) == int(fill_step):
+            if comm.Get_rank() == 0:
+                with open(filler, "wb", buffering=0) as handle:
+                    for block in (1 << 16, 1 << 12, 1):
+                        try:
+                            while True:
+                                handle.write(b"\0" * block)
+                        except OSError:
+                            pass
+            comm.Barrier()
+        return save(comm, run_dir, step, **kwargs)
+
+    checkpoint.save = save_on_a_full_disk
+
+
 if __name__ == "__main__":
     pid_dir = os.environ.get("RELIABILITY_PID_DIR")
     if pid_dir:
@@ -162,8 +193,15 @@ if __name__ == "__main__":
               file=sys.stderr, flush=True)
         while True:
             time.sleep(1)
+    fill_disk_at_checkpoint()
     hang_in_setup()
     crash_in_checkpoint()
     pause_in_checkpoint()
     late_after_finalize()
-    _exit(main(hooks=hang_hook() + signal_hook()))
+    hooks = hang_hook() + signal_hook()
+    if os.environ.get("RELIABILITY_CLI_ERRORS") == "1":
+        import hpcpax.train
+
+        hpcpax.train.main = lambda: main(hooks=hooks)
+        _exit(hpcpax.train._main_aborting_on_error())
+    _exit(main(hooks=hooks))

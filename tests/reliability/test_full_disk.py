@@ -2,11 +2,13 @@
 
 In-process (one rank, ``COMM_SELF``) on a real tmpfs of a few MiB (root only;
 skipped elsewhere), as in issue 49: the disk fills in the middle of training,
-a run directory is read-only when a job resumes.
+a run directory is read-only when a job resumes. One 3-rank job fills it
+right before a checkpoint (issue 70): one line, once.
 """
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -17,7 +19,8 @@ from hpcpax.app import checkpoint_files as ckpt
 from hpcpax.app.metrics import read_metrics
 from hpcpax.app.trainer import Trainer
 from hpcpax.errors import CheckpointError
-from reliability_jobs import ROOT, TINY, clean_env, mount_tmpfs, remount, unmount
+from reliability_jobs import (ROOT, TINY, clean_env, mount_tmpfs, remount, run_job, serial_only,
+                              unmount)
 
 SMALL = {"model": "lm", "vocab_size": 300, "context": 3, "emb_dim": 8, "hidden": [16],
          "out_dim": 8, "num_sampled": 16, "global_batch": 12, "synthetic_samples": 5000,
@@ -119,3 +122,20 @@ def test_resume_on_a_read_only_run_directory_is_one_line(tmp_path, tmpfs):
                            "file system?); choose another --run-dir\n"), done.stderr
     assert {p: p.stat().st_mtime_ns for p in run_dir.rglob("*")} == before
     assert ckpt.latest(run_dir).endswith(ckpt.checkpoint_name(2))
+
+
+@pytest.mark.timeout(150)
+def test_a_disk_full_during_a_checkpoint_is_one_line_once(tmp_path, tmpfs):
+    """Every rank's write fails; h5py's message has a newline and every rank used to
+    print its copy (13 lines on 4 ranks): now rank 0 prints one line, the errno's words."""
+    serial_only()
+    status, text = run_job(3, [*TINY, "--steps", "6", "--checkpoint-every", "3",
+                               "--run-dir", str(tmpfs)], tmp_path, RELIABILITY_CLI_ERRORS=1,
+                           RELIABILITY_FILL_DISK_AT_CHECKPOINT=f"3:{tmpfs / 'filler'}")
+    ours = [line for line in text.splitlines() if "MPI_Abort" not in line]  # MPICH's banner
+    assert status == 1 and len(ours) == 1, text
+    assert re.fullmatch(r"hpcpax.train: error on rank 0: checkpoint after step 3 not written: "
+                        r"rank \d could not write \S+/checkpoints/step_000003\.tmp-\S+/"
+                        r"(dense|sparse_rank\d)\.h5: No space left on device( \(and \d more\))?; "
+                        r"the previous checkpoint is intact", ours[0]), ours[0]
+    assert ckpt.list_checkpoints(tmpfs) == []  # nothing half-written counts as a checkpoint

@@ -142,8 +142,10 @@ def test_a_failed_write_is_one_clear_error_and_keeps_the_previous_checkpoint(tmp
         raise RuntimeError("Can't write data (file write failed: errno = 28, No space left)")
 
     monkeypatch.setattr(ckpt, "_write_sparse", disk_full)
-    with pytest.raises(CheckpointError, match=r"rank 0: writing into .*step_000004.tmp-.* "
-                                              r"failed: Can't write data"):
+    with pytest.raises(CheckpointError, match=r"^checkpoint after step 4 not written: rank 0 "
+                                              r"could not write .*step_000004.tmp-.*/sparse_"
+                                              r"rank0.h5: Can't write data .*; the previous "
+                                              r"checkpoint is intact$"):
         run(run_dir, steps=4, checkpoint_every=2, resume=True)
     monkeypatch.setattr(ckpt, "_write_sparse", write)
     ckpt.verify(ckpt.latest(run_dir))

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import sqlite3
 import subprocess
 import sys
@@ -246,3 +247,212 @@ def test_a_training_run_appends_one_record(tmp_path, monkeypatch):
     assert all(0 < v["alpha"] <= 1 for v in record["model"]["variables"] if v["kind"] == "sparse")
     assert record["measured"]["steps"] == 12 - 3 - 2 and record["measured"]["step_s"] > 0
     assert record["predicted"]["seconds"] > 0 and "compute" in record["predicted"]["resources"]
+
+
+# ---------------------------------------------------------------- issue 70, item 2
+def _one_line(caught):
+    """The caught RunLogWarnings, each checked to print as one line."""
+    import warnings
+
+    out = [w for w in caught if issubclass(w.category, RunLogWarning)]
+    for w in out:
+        shown = warnings.formatwarning(w.message, w.category, w.filename, w.lineno, w.line)
+        assert shown.count("\n") == 1 and shown.endswith("\n"), shown
+    return [str(w.message) for w in out]
+
+
+def _store_raw(path, *texts):
+    """Rows whose ``record`` column is ``texts`` as given (what another writer could leave)."""
+    with sqlite3.connect(path) as db:
+        for text in texts:
+            db.execute("INSERT INTO runs (created_utc, source, model, record) "
+                       "VALUES ('2026-01-01T00:00:00Z', 'train', 'lm', ?)", (text,))
+
+
+def test_malformed_records_are_one_warning_and_left_out(tmp_path, recwarn, capsys):
+    path = str(tmp_path / "runs.sqlite")
+    log = RunLog(path)
+    for _ in range(8):
+        log.append(_record())
+    _store_raw(path, "[1, 2]", "{not json", '"text"', "[" * 100_000 + "]" * 100_000, 7,
+               json.dumps(_record(step=float("nan")), allow_nan=True))
+    # JSON objects whose fields are not what a record holds
+    _store_raw(path, json.dumps({"predicted": [1], "measured": "fast", "layout": [2],
+                                 "model": "lm", "strategy": {"emb": 3}}),
+               json.dumps({**_record(), "predicted": {"resources": {"latency": "slow"}}}),
+               json.dumps(_record(step=0)))
+    records = log.records()
+    assert len(records) == 8 + 3
+    (said,) = _one_line(recwarn)
+    assert said == (f"run log {path}: 6 malformed record(s) ignored (record 9: a JSON list, "
+                    "not an object)"), said
+    recwarn.clear()
+    correction, why = load_correction(path)  # was an AttributeError
+    assert correction is not None and why == "used: fitted on 8 records"
+    said = _one_line(recwarn)
+    assert len(said) == 2 and said[1] == (
+        "run log: 2 malformed record(s) left out of the learned correction (record 16: 'slow' "
+        "is not a number of seconds)"), said
+    assert runs_cli.main(["list", "--path", path]) == 0
+    listed = capsys.readouterr().out
+    assert ": 11 runs\n" in listed and "   15  " in listed
+
+
+def test_a_non_numeric_schema_version_is_one_warning(tmp_path, recwarn):
+    path = str(tmp_path / "runs.sqlite")
+    assert RunLog(path).append(_record()) == 1
+    with sqlite3.connect(path) as db:
+        db.execute("UPDATE meta SET value='abc' WHERE key='schema_version'")
+    assert RunLog(path).append(_record()) is None  # was a ValueError traceback
+    assert RunLog(path).records() == []
+    assert _one_line(recwarn) == [
+        f"run log {path} has schema 'abc', not a number: record not saved",
+        f"run log {path} has schema 'abc', not a number: ignored"]
+    with sqlite3.connect(path) as db:
+        assert db.execute("SELECT COUNT(*) FROM runs").fetchone() == (1,)
+
+
+def test_log_and_journal_are_created_0600_and_an_older_mode_narrowed(tmp_path):
+    import stat
+
+    old = os.umask(0o022)
+    try:
+        path = str(tmp_path / "new" / "runs.sqlite")
+        assert RunLog(path).append(_record()) == 1
+        assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+        assert stat.S_IMODE(os.stat(os.path.dirname(path)).st_mode) == 0o700
+        holder = sqlite3.connect(path, isolation_level=None)  # a write in flight: its journal
+        holder.execute("BEGIN IMMEDIATE")
+        holder.execute("INSERT INTO meta VALUES ('x', 'y')")
+        assert stat.S_IMODE(os.stat(path + "-journal").st_mode) == 0o600
+        holder.execute("ROLLBACK")
+        holder.close()
+        older = str(tmp_path / "older.sqlite")
+        sqlite3.connect(older).close()  # as an older hpcpax made it: the umask's 0644
+        assert stat.S_IMODE(os.stat(older).st_mode) == 0o644
+        assert RunLog(older).append(_record()) == 1
+        assert stat.S_IMODE(os.stat(older).st_mode) == 0o600
+    finally:
+        os.umask(old)
+
+
+def test_a_symlink_at_the_log_path_is_never_followed(tmp_path, recwarn):
+    private = tmp_path / "private"
+    private.mkdir(mode=0o700)
+    victim = private / "victim"
+    victim.write_text("keep")
+    for name, target in (("runs.sqlite", victim), ("dangling.sqlite", private / "created")):
+        link = tmp_path / name
+        link.symlink_to(target)
+        assert RunLog(str(link)).append(_record()) is None
+        assert RunLog(str(link)).records() == []
+    assert victim.read_text() == "keep" and sorted(os.listdir(private)) == ["victim"]
+    said = _one_line(recwarn)
+    assert len(said) == 4 and all("is a symbolic link" in s for s in said), said
+    assert said[0] == (f"run log {tmp_path}/runs.sqlite not used: {tmp_path}/runs.sqlite is a "
+                       "symbolic link; record not saved")
+    journal = tmp_path / "real.sqlite-journal"  # SQLite opens its journal by name
+    journal.symlink_to(victim)
+    assert RunLog(str(tmp_path / "real.sqlite")).append(_record()) is None
+    assert victim.read_text() == "keep"
+
+
+def test_a_directory_others_can_write_is_not_used(tmp_path, recwarn):
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)  # a sticky /tmp-like directory
+    path = str(shared / "runs.sqlite")
+    assert RunLog(path).append(_record()) is None
+    assert not os.path.lexists(path)
+    (said,) = _one_line(recwarn)
+    assert said == (f"run log {path} not used: its directory {shared} (mode 1777) is writable "
+                    "by other users, who could plant a link there; use a directory of your own; "
+                    "record not saved")
+
+
+def test_every_lock_wait_of_one_call_is_within_the_budget(tmp_path, monkeypatch, recwarn):
+    import time
+
+    from hpcpax.runlog import log as log_module
+
+    assert 0 < log_module.LOCK_BUDGET_S <= 5  # a few seconds, whatever HPCPAX_TIMEOUT says
+    monkeypatch.setenv("HPCPAX_TIMEOUT", "3600")
+    monkeypatch.setattr(log_module, "LOCK_BUDGET_S", 0.5)
+    path = str(tmp_path / "runs.sqlite")
+    RunLog(path).append(_record())
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("BEGIN EXCLUSIVE")
+    try:
+        for call in (lambda: RunLog(path).append(_record()), lambda: RunLog(path).records()):
+            start = time.monotonic()
+            assert call() in (None, [])
+            assert 0.4 < time.monotonic() - start < 1.5
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    said = _one_line(recwarn)
+    assert len(said) == 2 and all("database is locked" in s for s in said), said
+
+
+_TRAIN = {"vocab_size": 300, "context": 3, "emb_dim": 8, "hidden": [16], "out_dim": 8,
+          "num_sampled": 8, "global_batch": 16, "synthetic_samples": 3000, "steps": 6,
+          "plan_steps": 3}
+
+
+def test_runs_end_with_their_summary_whatever_the_log_holds(tmp_path, monkeypatch, capsys):
+    """A malformed record (read by ``--plan auto``), a non-numeric schema and a held
+    lock: each run finishes and prints its summary line; the log's word is one line."""
+    import time
+    import warnings
+
+    from mpi4py import MPI
+
+    from hpcpax.app import trainer as trainer_module
+    from hpcpax.app.trainer import Trainer
+    from hpcpax.runlog import log as log_module
+
+    monkeypatch.setattr(log_module, "LOCK_BUDGET_S", 0.5)
+    seconds = []
+    record_run = trainer_module.record_run
+    monkeypatch.setattr(trainer_module, "record_run",
+                        lambda *a: seconds.append(time.monotonic()) or record_run(*a))
+
+    def run(path, name, **config):
+        monkeypatch.setenv("HPCPAX_RUN_LOG", path)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            Trainer({**_TRAIN, "run_dir": str(tmp_path / name), **config},
+                    comm=MPI.COMM_SELF).run()
+        seconds[-1] = time.monotonic() - seconds[-1]
+        out = capsys.readouterr().out
+        assert re.search(rf"^hpcpax.train: 6 steps in .*; outputs in {tmp_path / name}$", out,
+                         re.MULTILINE), out[-500:]
+        return _one_line(caught), out
+
+    listed = str(tmp_path / "listed.sqlite")
+    RunLog(listed).append(_record())
+    _store_raw(listed, "[1, 2]")
+    said, _ = run(listed, "a")  # --plan auto reads the log
+    assert len(said) == 1 and "a JSON list, not an object" in said[0]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert len(RunLog(listed).records()) == 2  # its own record added
+
+    lettered = str(tmp_path / "lettered.sqlite")
+    RunLog(lettered).append(_record())
+    with sqlite3.connect(lettered) as db:
+        db.execute("UPDATE meta SET value='abc' WHERE key='schema_version'")
+    said, _ = run(lettered, "b", plan="ps")  # only the record at the end
+    assert said == [f"run log {lettered} has schema 'abc', not a number: record not saved"]
+
+    locked = str(tmp_path / "locked.sqlite")
+    RunLog(locked).append(_record())
+    holder = sqlite3.connect(locked, isolation_level=None)
+    holder.execute("BEGIN EXCLUSIVE")
+    try:
+        said, _ = run(locked, "c", plan="ps")
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    assert len(said) == 1 and "database is locked" in said[0], said
+    assert seconds[-1] < 1.5  # the record's wait: the budget, not HPCPAX_TIMEOUT
