@@ -64,6 +64,11 @@ def clean_env(**extra):
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     env.setdefault("OMP_NUM_THREADS", "1")
     env.setdefault("NUMBA_NUM_THREADS", "1")
+    # These jobs test processes, signals and files, not kernels: their ranks run the
+    # NumPy twins (bit-equal to the Numba kernels, tests/ops), sparing each rank
+    # Numba's 0.6-0.8 s of set-up (a 4-rank TINY job: 3.5 s -> 1.6 s here). Tests
+    # of exit paths keep Numba (its threads and exit hooks): pass HPCPAX_NUMBA=1.
+    env.setdefault("HPCPAX_NUMBA", "0")
     return env
 
 
