@@ -27,8 +27,8 @@ import tomllib
 from .errors import ConfigError
 
 __all__ = ["MAX_FILE_BYTES", "MAX_NESTING", "MAX_TEXT_CHARS", "INT64_MAX", "SHOWN_CHARS",
-           "shown", "shown_path", "check_int", "check_float", "check_text", "check_name", "check_tree",
-           "read_text_file", "parse_json_text", "load_json_file", "load_toml_file"]
+           "shown", "shown_path", "check_int", "check_float", "check_text", "check_name",
+           "check_tree", "read_text_file", "parse_json_text", "load_json_file", "load_toml_file"]
 
 #: Largest config or plan file read (a saved plan with its measurements is far smaller).
 MAX_FILE_BYTES = 16 << 20

@@ -230,7 +230,8 @@ def check_values(values: Dict[str, str]) -> None:
     least one worker per node (``servers_per_node`` below
     ``ntasks_per_node``), ``activate`` naming a file rather than a
     shell line, and no file or program operand (:data:`_OPERANDS`:
-    ``run_dir``, ``activate``, ``python``, ``script``) starting with ``-``. A job script with such a value would wait in the queue and
+    ``run_dir``, ``activate``, ``python``, ``script``) starting with
+    ``-``. A job script with such a value would wait in the queue and
     then fail.
 
     Raises:

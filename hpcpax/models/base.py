@@ -48,7 +48,7 @@ MAX_FIELDS = 1024
 #: Most rows of a table (ids are int64; rows are created when first touched).
 MAX_ROWS = INT64_MAX
 #: Most previous tokens per lm example.
-MAX_CONTEXT = 1 << 12
+MAX_CONTEXT = 1 << 16
 #: Most sampled-softmax negatives per step.
 MAX_SAMPLED = 1 << 20
 
