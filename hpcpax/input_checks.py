@@ -168,7 +168,7 @@ def check_tree(value, where: str):
     stack = [(value, where, 0)]
     while stack:
         item, path, depth = stack.pop()
-        if isinstance(item, (dict, list)):
+        if isinstance(item, (dict, list, tuple)):
             if depth >= MAX_NESTING:
                 raise ConfigError(f"{path} is nested deeper than {MAX_NESTING} levels")
             if isinstance(item, dict):
@@ -229,11 +229,14 @@ def read_text_file(path, what: str) -> str:
             or not UTF-8 (the byte offset named).
     """
     path = os.fspath(path)
+    if isinstance(path, str):
+        check_text(path, f"{what} name")
     try:
         with open(path, "rb") as handle:
             data = handle.read(MAX_FILE_BYTES + 1)
-    except OSError as exc:
-        raise ConfigError(f"cannot read {what} {shown_path(path)}: {exc.strerror or exc}") from None
+    except (OSError, ValueError) as exc:  # ValueError: a NUL in the name
+        raise ConfigError(f"cannot read {what} {shown_path(path)}: "
+                          f"{getattr(exc, 'strerror', None) or exc}") from None
     if len(data) > MAX_FILE_BYTES:
         raise ConfigError(f"{what} {shown_path(path)} is larger than {MAX_FILE_BYTES} bytes")
     try:
@@ -241,6 +244,12 @@ def read_text_file(path, what: str) -> str:
     except UnicodeDecodeError as exc:
         raise ConfigError(f"{what} {shown_path(path)} is not UTF-8 text (byte {exc.start}: "
                           f"{data[exc.start:exc.start + 1]!r})") from None
+
+
+def _one_line(text: str, limit: int = 160) -> str:
+    """``text`` as one line of at most ``limit`` characters (a parser's message)."""
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 def _refuse_constant(name):
@@ -258,7 +267,7 @@ def parse_json_text(text: str, where: str):
     try:
         data = json.loads(text, parse_constant=_refuse_constant)
     except (ValueError, RecursionError) as exc:  # JSONDecodeError is a ValueError
-        raise ConfigError(f"{where} is not valid JSON: {shown(str(exc))[1:-1]}") from None
+        raise ConfigError(f"{where} is not valid JSON: {_one_line(exc)}") from None
     return check_tree(data, where)
 
 
@@ -280,5 +289,5 @@ def load_toml_file(path, what: str = "config file") -> dict:
     try:
         data = tomllib.loads(text)
     except (ValueError, RecursionError) as exc:  # TOMLDecodeError is a ValueError
-        raise ConfigError(f"{where} is not valid TOML: {shown(str(exc))[1:-1]}") from None
+        raise ConfigError(f"{where} is not valid TOML: {_one_line(exc)}") from None
     return check_tree(data, where)
