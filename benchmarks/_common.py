@@ -52,6 +52,21 @@ def median(values) -> float:
     return float(np.median(np.asarray(values, np.float64)))
 
 
+def measured(value) -> bool:
+    """Whether ``value`` is a figure that was measured: a finite number, not None or NaN."""
+    return isinstance(value, (int, float, np.integer, np.floating)) and \
+        not isinstance(value, bool) and math.isfinite(float(value))
+
+
+def all_valid(entries) -> bool:
+    """A benchmark's ``valid``: at least one entry, and every entry a dict whose own
+    ``valid`` is True. A run that measured nothing (no entries, or an entry standing
+    for a failed or timed-out round) is not valid."""
+    entries = list(entries)
+    return bool(entries) and all(isinstance(e, dict) and e.get("valid") is True
+                                 for e in entries)
+
+
 def ratio(numerator, denominator):
     """``numerator / denominator`` or None when undefined."""
     if numerator is None or denominator is None or denominator == 0:

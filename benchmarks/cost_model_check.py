@@ -617,6 +617,16 @@ def _run_layouts(args, layouts, spec):
     return jobs, failures
 
 
+def emulated_valid(busy_by_layout, limit, entries, failures) -> bool:
+    """Whether an emulated run counts: every layout ran (no failure) and measured its CPU,
+    each under ``limit``, and at least one case was compared. A run that measured
+    nothing is not valid."""
+    import _common
+
+    return (bool(entries) and not failures and bool(busy_by_layout)
+            and all(_common.measured(b) and b <= limit for b in busy_by_layout.values()))
+
+
 def _report(args, jobs, failures, fabric, emit):
     """Compare the jobs' measured steps with the predictions; emit the JSON line."""
     from hpcpax.runlog.log import RunLog
@@ -672,7 +682,8 @@ def _report(args, jobs, failures, fabric, emit):
                      "time_unit": "wall seconds of the dilated cluster (undilated: / dilation)",
                      "cpu_busy_max": busiest, "cpu_busy_max_by_layout": by_layout,
                      "cpu_busy_limit": args.cpu_busy_limit,
-                     "valid": busiest is not None and busiest <= args.cpu_busy_limit})
+                     "valid": emulated_valid(by_layout, args.cpu_busy_limit, entries,
+                                             failures)})
     emit(line)
     return 0
 

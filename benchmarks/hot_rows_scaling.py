@@ -139,8 +139,11 @@ def machine_cpu():
 def summary(line, limit):
     """The figures of one node count's ``hot_rows`` line, and whether it counts."""
     out = {k: line.get(k) for k in FIGURES}
-    out["seconds"] = {k: v["median"] for k, v in line["seconds"].items()}
-    out["valid"] = line["cpu_busy_max"] is not None and line["cpu_busy_max"] <= limit
+    out["seconds"] = {k: (v or {}).get("median") for k, v in (line.get("seconds") or {}).items()}
+    # the step-time ratio measured, and the CPU under the limit (a null figure is no measurement)
+    out["valid"] = (_common.measured(line.get("ratio_step_time_before_vs_after"))
+                    and _common.measured(line.get("cpu_busy_max"))
+                    and line["cpu_busy_max"] <= limit)
     return out
 
 
@@ -252,7 +255,7 @@ def main():
     busy = [out[f"nodes_{n}"]["cpu_busy_max"] for n in measured
             if out[f"nodes_{n}"]["cpu_busy_max"] is not None]
     out["cpu_busy_max"] = max(busy) if busy else None
-    out["valid"] = all(out[f"nodes_{n}"]["valid"] for n in node_counts)
+    out["valid"] = _common.all_valid(out[f"nodes_{n}"] for n in node_counts)
     if errors:
         out["errors"] = {str(n): e for n, e in errors.items()}
     out["wall_seconds"] = time.perf_counter() - start

@@ -117,14 +117,17 @@ def per_nodes(jobs, limit):
         runs = [j["methods"][name] for j in jobs if name in j["methods"]]
         if not runs:
             continue
+        busy = [r.get("cpu_busy_max") for r in runs]
         out[name] = {
-            "samples_per_s": _spread([r["samples_per_s"] for r in runs]),
-            "seconds_per_step": _spread([r["seconds_per_step"] for r in runs]),
-            "cpu_busy_max": max(r["cpu_busy_max"] for r in runs),
+            "samples_per_s": _spread([r.get("samples_per_s") for r in runs]),
+            "seconds_per_step": _spread([r.get("seconds_per_step") for r in runs]),
+            "cpu_busy_max": max((b for b in busy if _common.measured(b)), default=None),
             "cpu_busy_phase_max": max((r["cpu_busy_phase_max"] for r in runs
                                        if r.get("cpu_busy_phase_max") is not None),
                                       default=None),
-            "valid": all(r["cpu_busy_max"] <= limit for r in runs),
+            # every round measured its rate and stayed under the CPU limit
+            "valid": all(_common.measured(r.get("samples_per_s")) and r["samples_per_s"] > 0
+                         and _common.measured(b) and b <= limit for r, b in zip(runs, busy)),
             "wire_bytes_per_step": _spread([r.get("wire_bytes_per_step") for r in runs]),
             "plan": runs[-1]["plan"]}
         if name == "torch":
@@ -146,6 +149,26 @@ def per_nodes(jobs, limit):
     return out
 
 
+def expected_methods(methods, nodes, allreduce_max_nodes) -> list:
+    """The methods a round on ``nodes`` nodes runs (the densified allreduce only up to
+    ``allreduce_max_nodes``)."""
+    return [m for m in methods if m != "allreduce" or nodes <= allreduce_max_nodes]
+
+
+def overall_valid(out, expected) -> bool:
+    """The run's ``valid``: every node count measured every method it was to run
+    (``expected``: ``{nodes: [method, ...]}``), each valid, and no round failed or
+    timed out. A node count whose rounds all failed, or a run with no node count
+    measured, is not valid."""
+    entries = []
+    for nodes, methods in expected.items():
+        result = out.get(f"nodes_{nodes}") or {}
+        if result.get("errors"):
+            entries.append({"valid": False})
+        entries += [result.get(m) or {"valid": False} for m in methods]
+    return _common.all_valid(entries)
+
+
 def plot(results, node_counts, path):
     try:
         import matplotlib
@@ -156,7 +179,9 @@ def plot(results, node_counts, path):
         return None
     fig, ax = plt.subplots(figsize=(6, 4))
     for name in METHODS:
-        xs = [n for n in node_counts if name in results.get(f"nodes_{n}", {})]
+        xs = [n for n in node_counts
+              if ((results.get(f"nodes_{n}", {}).get(name) or {}).get("samples_per_s") or {})
+              .get("median")]
         ys = [results[f"nodes_{n}"][name]["samples_per_s"]["median"] for n in xs]
         if xs:
             ax.plot(xs, ys, marker="o", label=name)
@@ -240,7 +265,7 @@ def main():
                           subnet=args.subnet)
         for nodes in node_counts:
             jobs, errors = [], []
-            here = [m for m in methods if m != "allreduce" or nodes <= args.allreduce_max_nodes]
+            here = expected_methods(methods, nodes, args.allreduce_max_nodes)
             for r in range(rounds):
                 order = here[r % len(here):] + here[:r % len(here)]
                 try:
@@ -261,11 +286,13 @@ def main():
     link_Bps = cluster.spec.parse_rate(args.rate) / 8
     for n in node_counts:
         for e in out[f"nodes_{n}"].values():
-            if isinstance(e, dict) and e.get("wire_bytes_per_step", {}).get("median"):
+            if isinstance(e, dict) and (e.get("wire_bytes_per_step") or {}).get("median") \
+                    and (e.get("seconds_per_step") or {}).get("median"):
                 e["link_utilisation"] = round(e["wire_bytes_per_step"]["median"] / n / (
                     e["seconds_per_step"]["median"] * link_Bps), 4)
     rate = {n: {m: e["samples_per_s"]["median"] for m, e in out[f"nodes_{n}"].items()
-                if isinstance(e, dict) and "samples_per_s" in e} for n in node_counts}
+                if isinstance(e, dict) and (e.get("samples_per_s") or {}).get("median")}
+            for n in node_counts}
     for n in node_counts:
         out[f"ratio_hybrid_vs_allgather_{n}"] = _common.ratio(rate[n].get("hybrid"),
                                                               rate[n].get("allgather"))
@@ -291,8 +318,8 @@ def main():
     phases = [e["cpu_busy_phase_max"] for n in node_counts for e in out[f"nodes_{n}"].values()
               if isinstance(e, dict) and e.get("cpu_busy_phase_max") is not None]
     out["cpu_busy_phase_max"] = max(phases) if phases else None
-    out["valid"] = all(e["valid"] for n in node_counts for e in out[f"nodes_{n}"].values()
-                       if isinstance(e, dict) and "valid" in e)
+    out["valid"] = overall_valid(out, {n: expected_methods(methods, n, args.allreduce_max_nodes)
+                                       for n in node_counts})
     if args.png:
         # the file's name only: results are committed, machine paths are not
         path = plot(out, node_counts, args.png)

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from .errors import ConfigError
+from .input_checks import shown
 
 __all__ = ["Option", "OPTIONS", "Options", "options", "parse_bytes", "format_bytes",
            "counted"]
@@ -94,9 +95,15 @@ def parse_bytes(value, where="size"):
         match = _SIZE.match(str(value)) if isinstance(value, (str, float)) else None
         if match is None:
             raise ConfigError(f"{where} must be a size like 512M or 8G, not {value!r}")
-        number = int(float(match.group(1)) * _UNITS[match.group(2).lower()])
+        if len(match.group(1)) > 24:  # no size needs more digits; float() would round
+            number = 1 << 63
+        else:
+            number = int(float(match.group(1)) * _UNITS[match.group(2).lower()])
     if number <= 0:
         raise ConfigError(f"{where} must be a positive size, not {value!r}")
+    if number >= 1 << 63:  # sizes are int64 wherever they are stored
+        raise ConfigError(f"{where} must be a size below 8E (2**63 bytes), not "
+                          f"{shown(value)}")
     return number
 
 

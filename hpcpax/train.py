@@ -51,6 +51,8 @@ def main(argv=None, *, comm=None, hooks=()) -> int:
         if _world_rank() == 0:
             print(f"hpcpax.train: error: {exc}", file=sys.stderr)
         return 2
+    except SystemExit as exc:  # argparse: --help (0) or a bad flag (2), its line printed
+        return exc.code if isinstance(exc.code, int) else 2
     from .app.preemption import EXIT_PREEMPTED
 
     trainer = Trainer(config, comm=comm, hooks=hooks)

@@ -38,6 +38,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import ConfigError
+from ..input_checks import check_int, check_text, shown
 from ..plan.shares import (SHARE_TRUST, balanced_shares, even_shares, fit_work,
                            parse_shares, relative_gain, share_ranges, step_work, trusted)
 
@@ -63,15 +64,19 @@ def check_batch_shares(spec) -> None:
     Raises:
         ConfigError: not ``speed`` nor comma-separated positive ints.
     """
+    from .config import MAX_GLOBAL_BATCH
+
     if spec in (None, "", "speed"):
         return
+    text = check_text(str(spec), "batch_shares", 1 << 20)
+    parts = [p for p in text.replace(" ", "").split(",") if p]
     try:
-        values = [int(p) for p in str(spec).replace(" ", "").split(",") if p]
-    except ValueError:
+        values = [check_int(p, "batch_shares", 1, MAX_GLOBAL_BATCH) for p in parts]
+    except ConfigError:
         values = []
-    if not values or any(v < 1 for v in values):
+    if not values or len(values) > MAX_GLOBAL_BATCH:
         raise ConfigError(f"batch_shares must be 'speed' or comma-separated positive ints "
-                          f"(one per worker, summing to the global batch), not {spec!r}")
+                          f"(one per worker, summing to the global batch), not {shown(spec)}")
 
 
 def check_run_time(config) -> bool:

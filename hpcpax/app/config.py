@@ -12,16 +12,29 @@ from __future__ import annotations
 
 import argparse
 import os
-import tomllib
 from dataclasses import dataclass
 
 from ..errors import ConfigError
+from ..input_checks import (INT64_MAX, check_float, check_int, check_text, check_tree,
+                            load_toml_file, shown)
+from ..models.base import (MAX_CONTEXT, MAX_FIELDS, MAX_LAYERS, MAX_ROWS, MAX_SAMPLED,
+                           MAX_WIDTH, parse_sizes)
 from ..options import parse_bytes
 from ..sync import METHODS
 from ..engine.plan_requests import PLAN_MODES, load_plan_file, normalize_plan
 
 __all__ = ["FLAGS", "MODEL_FLAGS", "TRAINING_KEYS", "PLAN_MODES", "parse_args", "resolve",
            "load_toml", "model_kwargs", "normalize_plan", "load_plan_file"]
+
+#: Most examples in one global batch.
+MAX_GLOBAL_BATCH = 1 << 24
+#: Most ranks per node (servers, or a virtual node's).
+MAX_RANKS = 1 << 16
+#: Largest time dilation (the cluster tool's link rates are divided by it).
+MAX_DILATION = 1000.0
+#: Longest watchdog timeout in seconds (about 116 days; longer waits overflow timers).
+MAX_TIMEOUT = 1e7
+
 
 @dataclass(frozen=True)
 class Flag:
@@ -35,27 +48,32 @@ class Flag:
     minimum: float | None = None
     above: float | None = None  # exclusive lower bound (a learning rate must be > 0)
     below: float | None = None  # exclusive upper bound
+    maximum: float | None = None  # inclusive upper bound (ints: int64's when None)
 
 
 FLAGS = (
     Flag("model", "str", "lm", "model to train", ("lm", "ctr")),
     # model sizes (None: the model's own default)
     Flag("vocab_size", "int", None, "lm: vocabulary rows (default: the data file's, else 10000)",
-         minimum=2),
-    Flag("context", "int", None, "lm: previous tokens per example", minimum=1),
-    Flag("emb_dim", "int", None, "embedding row width", minimum=1),
-    Flag("hidden", "sizes", None, "lm: hidden widths, e.g. 64,64"),
-    Flag("out_dim", "int", None, "lm: projection / softmax_w width", minimum=1),
-    Flag("num_sampled", "int", None, "lm: sampled-softmax negatives per step", minimum=1),
+         minimum=2, maximum=MAX_ROWS),
+    Flag("context", "int", None, "lm: previous tokens per example", minimum=1,
+         maximum=MAX_CONTEXT),
+    Flag("emb_dim", "int", None, "embedding row width", minimum=1, maximum=MAX_WIDTH),
+    Flag("hidden", "sizes", None, "lm: hidden widths, e.g. 64,64", maximum=MAX_WIDTH),
+    Flag("out_dim", "int", None, "lm: projection / softmax_w width", minimum=1,
+         maximum=MAX_WIDTH),
+    Flag("num_sampled", "int", None, "lm: sampled-softmax negatives per step", minimum=1,
+         maximum=MAX_SAMPLED),
     Flag("activation", "str", None, "lm: relu or tanh", ("relu", "tanh")),
-    Flag("n_dense", "int", None, "ctr: dense features", minimum=1),
-    Flag("n_fields", "int", None, "ctr: categorical fields (one table each)", minimum=1),
+    Flag("n_dense", "int", None, "ctr: dense features", minimum=1, maximum=MAX_WIDTH),
+    Flag("n_fields", "int", None, "ctr: categorical fields (one table each)", minimum=1,
+         maximum=MAX_FIELDS),
     Flag("table_rows", "sizes", None, "ctr: rows per table (one int or one per field; "
-         "default: the data file's cardinality, else 10000)"),
+         "default: the data file's cardinality, else 10000)", maximum=MAX_ROWS),
     Flag("hash_ids", "bool", False, "ctr: fold ids at or above a table's rows onto it "
          "(id %% rows, hashed features); without it such an id is a data error"),
-    Flag("bottom", "sizes", None, "ctr: bottom MLP widths (last = emb_dim)"),
-    Flag("top", "sizes", None, "ctr: top MLP widths"),
+    Flag("bottom", "sizes", None, "ctr: bottom MLP widths (last = emb_dim)", maximum=MAX_WIDTH),
+    Flag("top", "sizes", None, "ctr: top MLP widths", maximum=MAX_WIDTH),
     # data
     Flag("data", "str", None, "HDF5 data file (default: synthetic data in memory)"),
     Flag("synthetic_samples", "int", 200_000, "synthetic data: tokens (lm) or rows (ctr)",
@@ -64,19 +82,21 @@ FLAGS = (
          "(seed, epoch), the same for any number of workers; --no-shuffle: file order"),
     # optimization
     Flag("steps", "int", 300, "training steps", minimum=1),
-    Flag("global_batch", "int", 192, "examples per step over all workers", minimum=1),
+    Flag("global_batch", "int", 192, "examples per step over all workers", minimum=1,
+         maximum=MAX_GLOBAL_BATCH),
     Flag("optimizer", "str", "adam", "dense optimizer", ("sgd", "momentum", "adagrad", "adam")),
     Flag("lr", "float", 0.003, "dense learning rate", above=0.0),
     Flag("sparse_optimizer", "str", "adagrad", "optimizer of the embedding rows (on servers)",
          ("sgd", "momentum", "adagrad", "adam")),
     Flag("sparse_lr", "float", 0.1, "sparse learning rate", above=0.0),
-    Flag("seed", "int", 0, "seed of initializers, sampler and data", minimum=0),
+    Flag("seed", "int", 0, "seed of initializers, sampler and data", minimum=0,
+         maximum=(1 << 64) - 1),
     Flag("dtype", "str", "float32", "parameter dtype", ("float32", "float64")),
     # layout and synchronization
     Flag("servers_per_node", "int", None, "parameter-server ranks per node "
-         "(default: 1 with several ranks, else 0)", minimum=0),
+         "(default: 1 with several ranks, else 0)", minimum=0, maximum=MAX_RANKS),
     Flag("ranks_per_node", "int", None, "cut nodes into virtual nodes of this many ranks",
-         minimum=1),
+         minimum=1, maximum=MAX_RANKS),
     Flag("device", "str", None, "worker device: cpu, gpu or auto (default $HPCPAX_DEVICE, "
          "else auto: GPU workers only if a trial step measured faster on the GPU); servers "
          "always run on the CPU", ("cpu", "gpu", "auto")),
@@ -96,7 +116,7 @@ FLAGS = (
          "at start-up (kernel rates on every rank, each operation's fixed cost, the hand-offs, "
          "the fabric; a few seconds) instead of kernel rates on one rank"),
     Flag("fabric_seconds", "float", 0.5, "auto/hybrid: time budget of the start-up fabric "
-         "measurement", minimum=0.01),
+         "measurement", minimum=0.01, maximum=3600.0),
     Flag("partition_search", "bool", False, "auto/hybrid: Parallax's partition search on live "
          "steps after the plan"),
     Flag("replan_every", "int", 0, "auto/hybrid: re-measure and re-plan every N steps (0: never)",
@@ -124,7 +144,7 @@ FLAGS = (
          "exchanges, rows and optimizers stay real, the loss is not computed"),
     Flag("time_dilation", "float", 1.0, "D: emulated compute x D, reported times / D (links "
          "slowed by D by the cluster tool, python -m hpcpax.cluster up --dilation D)",
-         above=0.0),
+         above=0.0, maximum=MAX_DILATION),
     Flag("batch_shares", "str", None, "each worker's share of the global batch, 'A,B,...' "
          "(fixed; also under ssp/asp/psp) or 'speed' (bsp only: balanced BSP, shares that "
          "make the workers finish together, re-agreed every --rebalance-every steps); "
@@ -134,7 +154,7 @@ FLAGS = (
     Flag("trace", "str", None, "write a per-rank timeline to this file (Chrome/Perfetto "
          "trace-event JSON: phases, barrier waits, decisions; relaxed runs: servers too)"),
     Flag("bucket_bytes", "int", 1 << 20, "dense allreduce fusion buffer bytes (0: autotune)",
-         minimum=0),
+         minimum=0, maximum=1 << 40),
     # run directory, checkpoints, evaluation
     Flag("run_dir", "str", None, "output directory (default runs/<timestamp>)"),
     Flag("checkpoint_every", "int", 0, "checkpoint every N steps and after the last one "
@@ -156,7 +176,7 @@ FLAGS = (
     # reliability
     Flag("timeout", "float", None, "seconds a step (or served operation) may take before the "
          "watchdog reports the stuck ranks and aborts (default $HPCPAX_TIMEOUT, else 600; "
-         "0: off)", minimum=0.0),
+         "0: off)", minimum=0.0, maximum=MAX_TIMEOUT),
     Flag("server_memory_budget", "str", None, "bytes of sparse tables plus optimizer slots one "
          "owner rank may hold, e.g. 8G (default $HPCPAX_SERVER_MEMORY, else available memory "
          "x 0.8 / ranks on the node)"),
@@ -184,7 +204,11 @@ TRAINING_KEYS = ("model", "vocab_size", "context", "emb_dim", "hidden", "out_dim
 
 
 def _check_value(flag: Flag, value, where: str):
-    """``value`` converted to the flag's kind, or ConfigError naming ``where``."""
+    """``value`` converted to the flag's kind, or ConfigError naming ``where``.
+
+    Every number and text goes through :mod:`hpcpax.input_checks`: finite
+    floats, ints within the flag's bounds (int64 at most), one-line text.
+    """
     if value is None:
         if flag.default is None:
             return None
@@ -194,60 +218,40 @@ def _check_value(flag: Flag, value, where: str):
         if isinstance(value, str) and value.lower() in ("true", "false", "1", "0", "yes", "no"):
             value = value.lower() in ("true", "1", "yes")
         if not isinstance(value, bool):
-            raise ConfigError(f"{where} must be bool, not {type(value).__name__} ({value!r})")
+            raise ConfigError(f"{where} must be bool, not {type(value).__name__} "
+                              f"({shown(value)})")
         return value
     if kind == "int":
-        if isinstance(value, str):
-            try:
-                value = int(value)
-            except ValueError:
-                raise ConfigError(f"{where} must be int, not {value!r}") from None
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"{where} must be int, not {type(value).__name__} ({value!r})")
+        value = check_int(value, where, flag.minimum,
+                          INT64_MAX if flag.maximum is None else int(flag.maximum))
     elif kind == "float":
-        if isinstance(value, str):
-            try:
-                value = float(value)
-            except ValueError:
-                raise ConfigError(f"{where} must be float, not {value!r}") from None
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(f"{where} must be float, not {type(value).__name__} ({value!r})")
-        value = float(value)
+        value = check_float(value, where, maximum=flag.maximum)
     elif kind == "str":
-        if not isinstance(value, str):
-            raise ConfigError(f"{where} must be str, not {type(value).__name__} ({value!r})")
+        value = check_text(value, where)
     elif kind == "sizes":
-        if isinstance(value, bool):
-            raise ConfigError(f"{where} must be sizes, not bool")
-        if isinstance(value, int):
-            value = [value]
-        elif isinstance(value, str):
-            try:
-                value = [int(part) for part in value.replace(" ", "").split(",") if part]
-            except ValueError:
-                raise ConfigError(f"{where} must be comma-separated ints, not {value!r}") from None
-        elif isinstance(value, (list, tuple)):
-            if not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
-                raise ConfigError(f"{where} must hold ints, not {value!r}")
-            value = list(value)
-        else:
+        if isinstance(value, bool) or not isinstance(value, (int, str, list, tuple)):
             raise ConfigError(f"{where} must be an int, a list of ints or '64,32', "
                               f"not {type(value).__name__}")
-        if any(v <= 0 for v in value):
-            raise ConfigError(f"{where} must be positive sizes, not {value}")
-        return value
+        if isinstance(value, str):
+            check_text(value, where)
+        return list(parse_sizes(value, where, allow_empty=True,
+                                maximum=int(flag.maximum or INT64_MAX),
+                                max_count=MAX_FIELDS if flag.key == "table_rows" else MAX_LAYERS))
     elif kind == "plan":
         if isinstance(value, dict):
-            return normalize_plan(value, where)
+            return normalize_plan(check_tree(value, where), where)
         if not isinstance(value, str):
             raise ConfigError(f"{where} must be a method name, a file or a table, "
-                              f"not {type(value).__name__}")
+                              f"not {type(value).__name__} ({shown(value)})")
+        check_text(value, where)
         if value == "dense":
             raise ConfigError(f"{where} must be one of {list(PLAN_MODES + METHODS)} or a plan "
                               "file, not 'dense' (a densified sparse table is 'allreduce')")
+        if value not in PLAN_MODES and value not in METHODS:
+            load_plan_file(value)  # a bad file stops here, before any rank starts the job
         return value
     if flag.choices and value not in flag.choices:
-        raise ConfigError(f"{where} must be one of {list(flag.choices)}, not {value!r}")
+        raise ConfigError(f"{where} must be one of {list(flag.choices)}, not {shown(value)}")
     if flag.minimum is not None and value < flag.minimum:
         raise ConfigError(f"{where} must be >= {flag.minimum}, not {value!r}")
     if flag.above is not None and not value > flag.above:
@@ -260,23 +264,20 @@ def _check_value(flag: Flag, value, where: str):
 def load_toml(path) -> dict:
     """Read a TOML config; keys are flag names with underscores.
 
+    The file is read through :func:`hpcpax.input_checks.load_toml_file`
+    (bounded size, strict UTF-8, bounded nesting, finite numbers).
+
     Raises:
         ConfigError: unreadable file, bad TOML, an unknown key or a bad value
             (the message names the key and the file).
     """
     path = os.fspath(path)
-    try:
-        with open(path, "rb") as handle:
-            data = tomllib.load(handle)
-    except OSError as exc:
-        raise ConfigError(f"cannot read config file {path}: {exc}") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
+    data = load_toml_file(path, "config file")
     out = {}
     for key, value in data.items():
         normalized = key.replace("-", "_")
         if normalized not in _BY_KEY or normalized == "config":
-            raise ConfigError(f"config file {path}: unknown key {key!r}")
+            raise ConfigError(f"config file {path}: unknown key {shown(key)}")
         out[normalized] = _check_value(_BY_KEY[normalized], value, f"{path}: {key}")
     return out
 
@@ -334,11 +335,12 @@ def _check_consistency(config):
     from .balance import check_run_time
     from .stragglers import parse_stalls, parse_straggler
 
-    from .emulation import parse_emulate_compute
+    from .emulation import check_step_seconds, parse_emulate_compute
 
     parse_straggler(config["straggler"])
     parse_stalls(config["stalls"])
-    parse_emulate_compute(config["emulate_compute"], config["time_dilation"])
+    check_step_seconds(parse_emulate_compute(config["emulate_compute"], config["time_dilation"]),
+                       config["global_batch"])
     period = parse_dense_period(config["dense_period"])
     if check_run_time(config):  # consistency auto: decided at run time
         if period[:2] != (1, False):
@@ -398,9 +400,18 @@ def _add_flag(parser, flag: Flag):
                         help=_help(flag))
 
 
+class _OneLineParser(argparse.ArgumentParser):
+    """An argument parser whose usage errors are a one-line :class:`ConfigError` (no usage
+    block), so ``python -m hpcpax.train`` prints them once, on rank 0, and exits with 2."""
+
+    def error(self, message):
+        """Raise ``ConfigError("MESSAGE (see --help)")``."""
+        raise ConfigError(f"{' '.join(str(message).split())} (see --help)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``python -m hpcpax.train`` (every flag, with its help)."""
-    parser = argparse.ArgumentParser(
+    parser = _OneLineParser(
         prog="python -m hpcpax.train",
         description="Train a sparse model with hybrid data parallelism "
                     "(run under: mpirun -n N python -m mpi4py -m hpcpax.train).")
@@ -416,8 +427,8 @@ def parse_args(argv=None) -> dict:
     """Command line (plus ``--config`` file) -> the checked config dict.
 
     Raises:
-        ConfigError: a bad value or an unknown TOML key (argparse itself exits
-            with status 2 on an unknown flag).
+        ConfigError: a bad value, an unknown TOML key, or a flag argparse refuses
+            (unknown, or missing its value).
     """
     namespace = build_parser().parse_args(argv)
     return resolve(vars(namespace), flags=True)

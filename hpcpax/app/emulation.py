@@ -39,9 +39,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import ConfigError
+from ..input_checks import check_float, check_text, shown
 
 __all__ = ["ComputeModel", "parse_emulate_compute", "EmulatedCompute", "GRAD_VALUE",
-           "dilated_waits"]
+           "dilated_waits", "MAX_STEP_SECONDS", "check_step_seconds"]
+
+#: Longest emulated step (fixed part, per-sample part of a whole global batch, dilated).
+MAX_STEP_SECONDS = 86400.0
 
 #: Every value of an emulated gradient (sparse rows and dense tensors).
 GRAD_VALUE = 1e-6
@@ -105,11 +109,12 @@ def parse_emulate_compute(spec, dilation=1.0) -> ComputeModel | None:
     Raises:
         ConfigError: anything else, or a negative time, or a dilation not > 0.
     """
-    if not isinstance(dilation, (int, float)) or isinstance(dilation, bool) or dilation <= 0:
-        raise ConfigError(f"time_dilation must be a number > 0, not {dilation!r}")
+    if not isinstance(dilation, (int, float)) or isinstance(dilation, bool) or \
+            not np.isfinite(dilation) or dilation <= 0:
+        raise ConfigError(f"time_dilation must be a number > 0, not {shown(dilation)}")
     if spec is None or str(spec).strip().lower() in ("", "off", "none"):
         return None
-    text = str(spec).strip()
+    text = check_text(str(spec), "emulate_compute", 256).strip()
     fixed = per_sample = 0.0
     try:
         for part in text.split("+"):
@@ -121,8 +126,24 @@ def parse_emulate_compute(spec, dilation=1.0) -> ComputeModel | None:
     except ValueError:
         per_sample, fixed = _preset(text), 0.0
     if fixed < 0 or per_sample < 0 or not np.isfinite(fixed + per_sample):
-        raise ConfigError(f"emulate_compute times must be finite and >= 0, not {text!r}")
+        raise ConfigError(f"emulate_compute times must be finite and >= 0, not {shown(text)}")
     return ComputeModel(fixed, per_sample, float(dilation), text)
+
+
+def check_step_seconds(model, global_batch) -> None:
+    """Refuse an emulated step longer than :data:`MAX_STEP_SECONDS` (a sleep that long
+    is a typo, and a far longer one overflows ``time.sleep``); a no-op for None.
+
+    Raises:
+        ConfigError: naming ``emulate_compute``, ``time_dilation`` and the seconds.
+    """
+    if model is None:
+        return
+    longest = model.seconds(global_batch)
+    if not longest <= MAX_STEP_SECONDS:
+        raise ConfigError(f"emulate_compute {shown(model.source)} x time_dilation "
+                          f"{model.dilation:g} makes a step of up to {longest:.3g} s "
+                          f"({global_batch} samples), more than {MAX_STEP_SECONDS:g} s")
 
 
 def _preset(name) -> float:
@@ -132,11 +153,14 @@ def _preset(name) -> float:
         preset = load_preset(name)
     except (OSError, ValueError, KeyError) as exc:
         raise ConfigError(f"emulate_compute must be SECONDS, SECONDS+SECONDS/sample or a "
-                          f"preset name (lm1b, ...), not {name!r} ({exc})") from None
+                          f"preset name (lm1b, ...), not {shown(name)}") from None
     if "compute_ms" not in preset or not preset.get("samples_per_worker"):
-        raise ConfigError(f"emulate_compute: preset {name!r} has no compute_ms per "
+        raise ConfigError(f"emulate_compute: preset {shown(name)} has no compute_ms per "
                           "samples_per_worker")
-    return preset["compute_ms"] / 1e3 / preset["samples_per_worker"]
+    where = f"emulate_compute: preset {shown(name)}"
+    return (check_float(preset["compute_ms"], f"{where}: compute_ms", minimum=0.0) / 1e3
+            / check_float(preset["samples_per_worker"], f"{where}: samples_per_worker",
+                          above=0.0))
 
 
 class EmulatedCompute:

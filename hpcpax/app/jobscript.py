@@ -184,6 +184,10 @@ def render(template: str, **values: object) -> str:
         check_text(_flag(name), value)
     check_values(resolved)
     words = {name: split_words(_flag(name), resolved[name]) for name in parsed.words}
+    for name in _PROGRAMS:  # the program srun starts: a leading "-" would be an srun option
+        if words.get(name) and words[name][0].startswith("-"):
+            raise ConfigError(f"{_flag(name)} must start with the program to run, not the "
+                              f"option {words[name][0]!r} (srun would read it as its own)")
 
     def written(name: str, directive: bool) -> str:
         quote = sbatch_word if directive else shell_word
@@ -205,6 +209,12 @@ def render(template: str, **values: object) -> str:
 
 #: Slurm's --time forms: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S, or no limit.
 _TIME = re.compile(r"^(\d+(:\d+){0,2}|\d+-\d+(:\d+){0,2}|UNLIMITED|INFINITE)$", re.IGNORECASE)
+#: Placeholders naming a file or program the job passes to a command as an operand
+#: (``mkdir -p "$RUN_DIR"``, ``source "$ACTIVATE"``, ``srun PYTHON -m mpi4py SCRIPT``): a
+#: value starting with ``-`` would be read there as an option, so it is refused.
+_OPERANDS = ("run_dir", "activate", "python", "script")
+#: Word-list placeholders whose first word is the program srun starts.
+_PROGRAMS = ("command",)
 #: Placeholders with a known meaning: the least value each takes (an int).
 _AT_LEAST = {"nodes": 1, "ntasks_per_node": 1, "cpus_per_task": 1, "gpus_per_node": 0,
              "servers_per_node": 0, "ranks_per_node": 0, "checkpoint_every": 0,
@@ -218,8 +228,10 @@ def check_values(values: Dict[str, str]) -> None:
     that are not empty: counts (:data:`_AT_LEAST`; a value is data, so
     ``$SLURM_NTASKS`` is not a count), ``time`` in one of Slurm's forms, at
     least one worker per node (``servers_per_node`` below
-    ``ntasks_per_node``), and ``activate`` naming a file rather than a
-    shell line. A job script with such a value would wait in the queue and
+    ``ntasks_per_node``), ``activate`` naming a file rather than a
+    shell line, and no file or program operand (:data:`_OPERANDS`:
+    ``run_dir``, ``activate``, ``python``, ``script``) starting with
+    ``-``. A job script with such a value would wait in the queue and
     then fail.
 
     Raises:
@@ -244,6 +256,12 @@ def check_values(values: Dict[str, str]) -> None:
             and numbers["servers_per_node"] >= numbers["ntasks_per_node"]:
         raise ConfigError(f"--servers-per-node {numbers['servers_per_node']} leaves no worker "
                           f"among --ntasks-per-node {numbers['ntasks_per_node']} ranks per node")
+    for name in _OPERANDS:
+        value = values.get(name, "")
+        if value.startswith("-"):
+            raise ConfigError(f"{_flag(name)} must not start with '-' (the job passes it to a "
+                              f"command, which would read an option), not {value!r}; write "
+                              f"./{value} for a name in the submit directory")
     activate = values.get("activate", "")
     if re.match(r"(source|\.)\s", activate):
         raise ConfigError(f"--activate must be the file to source (the job runs `source FILE`), "

@@ -26,7 +26,11 @@ divergence and its first worker's cost figures decide for all of them.
 
 Metrics: each worker records its steps; the first worker writes one line
 per step (loss averaged over the workers that ran it, samples/s summed
-over them, with a dense period each worker's ``k`` as ``dense_k``), and one
+over them, with a dense period each worker's ``k`` as ``dense_k``). A
+preempted ``asp`` run (its workers stop where they are) writes lines through the slowest worker's
+step; its checkpoint keeps the records of the later steps, and the resumed
+run (which runs those steps only on the workers that had not) completes
+them: each step is one line with every worker's record. And one
 line per change of ``k`` (``{"step", "dense_period": {worker, k_from, k_to,
 divergence, refresh_cost_s, step_s, reason}}``), also saved in
 ``plan.json`` (``runtime``) and checkpoints; ``summary.json`` adds the
@@ -87,6 +91,20 @@ def relaxed_parts(trainer, consistency):
     return relaxed, rsync
 
 
+def _is_record(record) -> bool:
+    """Whether ``record`` has the fields and types of a step record :meth:`RelaxedSteps.flush`
+    writes a line from (one read back from a checkpoint)."""
+    def number(value):
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+    return (isinstance(record, dict) and isinstance(record.get("step"), int)
+            and isinstance(record.get("worker"), int) and isinstance(record.get("batch"), int)
+            and record["batch"] > 0 and number(record.get("loss"))
+            and number(record.get("seconds")) and record["seconds"] > 0
+            and isinstance(record.get("time"), dict)
+            and all(number(v) for v in record["time"].values()))
+
+
 class RelaxedSteps:
     """A worker's steps on the relaxed parameter server, shared by ``--consistency
     ssp|asp|psp`` (:class:`RelaxedSchedule`) and ``auto``'s ssp segments.
@@ -100,6 +118,9 @@ class RelaxedSteps:
         self.phase = 0
         self.records = []   # this worker's steps since the last flush
         self.pending = {}   # first worker: step -> every worker's record
+        #: First worker: the records of steps some worker has not run yet, as of the
+        #: last flush (a checkpoint keeps them: the resumed run completes those lines).
+        self.unsettled = []
         self.samples = 0
         self.period = DensePeriod(*parse_dense_period(trainer.config["dense_period"]))
         #: Local updates between refreshes (a period other than 1, or adaptive).
@@ -179,7 +200,13 @@ class RelaxedSteps:
 
     def flush(self, metrics, clocks, final=False) -> None:
         """First worker: one metrics line per step every worker has run (all when final);
-        **collective** over the workers."""
+        **collective** over the workers.
+
+        The records of steps beyond the slowest worker's (``min(clocks)``) are kept in
+        :attr:`unsettled` too, for a checkpoint: a run resumed from it reruns those steps
+        only on the workers that had not run them, and :meth:`restore` hands their
+        records back, so each step is one line with every worker's record.
+        """
         t = self.trainer
         gathered = t.topology.workers.gather(self.records, root=0)
         self.records = []
@@ -188,6 +215,8 @@ class RelaxedSteps:
         for records in gathered:
             for record in records:
                 self.pending.setdefault(record["step"], []).append(record)
+        self.unsettled = [r for step in sorted(self.pending) if step > min(clocks)
+                          for r in self.pending[step]]
         done = max(clocks) if final else min(clocks)
         for step in sorted(s for s in self.pending if s <= done):
             records = self.pending.pop(step)
@@ -210,6 +239,28 @@ class RelaxedSteps:
                 if "dense_period" in r:
                     metrics.write({"step": step, "dense_period": {"worker": r["worker"],
                                                                   **r["dense_period"]}})
+
+    def restore(self, records, worker_steps) -> int:
+        """First worker, on resume: the checkpoint's :attr:`unsettled` records back into
+        the pending lines; the number restored (local).
+
+        Only records of a step past the slowest worker's and at or before their own
+        worker's step are taken (a damaged or foreign list restores nothing else).
+        """
+        if not isinstance(records, list):
+            return 0
+        slowest = min(worker_steps)
+        taken = 0
+        for record in records:
+            if not isinstance(record, dict):
+                continue
+            step, worker = record.get("step"), record.get("worker")
+            if not (_is_record(record) and 0 <= worker < len(worker_steps)
+                    and slowest < step <= worker_steps[worker]):
+                continue
+            self.pending.setdefault(step, []).append(record)
+            taken += 1
+        return taken
 
     def server_spans(self) -> None:
         """A server rank: the requests its relaxed server handled and the pulls it held
@@ -272,10 +323,13 @@ class RelaxedSchedule:
             steps = ckpt.read_meta(path).get("worker_steps") or \
                 [start - 1] * t.topology.num_workers
             t.engine.commands.run("relaxed_load_dense")
-        periods = ckpt.read_meta(path).get("dense_period")
+        meta = ckpt.read_meta(path)
+        periods = meta.get("dense_period")
         if periods and len(periods) == t.topology.num_workers:
             self.steps.period.load(periods[t.topology.worker_index])
         t.log(f"worker steps in {path}: {list(steps)}")
+        if t.is_leader:  # the steps the slower workers still run: their lines to complete
+            self.steps.restore(meta.get("unsettled_records"), [int(s) for s in steps])
         return int(steps[t.topology.worker_index])
 
     # ---------------------------------------------------------- scheduler
@@ -359,7 +413,9 @@ class RelaxedSchedule:
         signalled = any_rank(topo.workers, t.preemption.requested)
         self.clocks = clocks
         finished = self.finished(clock + 1)
-        self.steps.flush(self.metrics, clocks, final=finished or signalled)
+        # preempted: lines only through the slowest worker's step; the rest are unsettled
+        # records the checkpoint keeps, completed by the resumed run (each step logged once)
+        self.steps.flush(self.metrics, clocks, final=finished)
         common = clocks[0] if len(set(clocks)) == 1 else None
         every = config["eval_every"]
         if every and common is not None and (common % every == 0 or finished):
@@ -380,7 +436,8 @@ class RelaxedSchedule:
         t.engine.commands.run("relaxed_fetch_dense")
         step = min(clocks)
         meta = {**t.checkpoint_meta(step), "worker_steps": list(clocks),
-                "consistency": t.config["consistency"], "dense_period": periods}
+                "consistency": t.config["consistency"], "dense_period": periods,
+                "unsettled_records": self.steps.unsettled if t.is_leader else []}
         path = t.engine.commands.run("save", step=step, meta=json_safe(meta))
         t.log(f"checkpoint written: {path} (worker steps {list(clocks)})", important=True)
         return path

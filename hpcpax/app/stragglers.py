@@ -19,37 +19,40 @@ import time
 import numpy as np
 
 from ..errors import ConfigError
+from ..input_checks import INT64_MAX, check_float, check_int, check_text, shown
 
-__all__ = ["Stragglers", "parse_straggler", "parse_stalls", "check_straggler_ranks"]
+__all__ = ["Stragglers", "parse_straggler", "parse_stalls", "check_straggler_ranks",
+           "MAX_FACTOR"]
+
+#: Slowest straggler or stall: a worker this many times slower than its compute.
+MAX_FACTOR = 1000.0
 
 
 def _factor(text, where) -> float:
     try:
-        value = float(text)
-    except ValueError:
-        raise ConfigError(f"{where}: FACTOR must be a number >= 1, not {text!r}") from None
-    if not value >= 1.0:
-        raise ConfigError(f"{where}: FACTOR must be a number >= 1, not {text!r}")
-    return value
+        return check_float(text, "FACTOR", minimum=1.0, maximum=MAX_FACTOR)
+    except ConfigError:
+        raise ConfigError(f"{where}: FACTOR must be a number in [1, {MAX_FACTOR:g}], "
+                          f"not {shown(text)}") from None
 
 
 def parse_straggler(spec) -> dict:
     """``"2:2.0,3:1.5"`` -> ``{2: 2.0, 3: 1.5}`` (None or "" -> ``{}``)."""
     if not spec:
         return {}
+    spec = check_text(str(spec), "straggler")
     out = {}
-    for part in str(spec).replace(" ", "").split(","):
+    for part in spec.replace(" ", "").split(","):
         rank, colon, factor = part.partition(":")
         if not colon:
-            raise ConfigError(f"straggler must be RANK:FACTOR[,RANK:FACTOR...], not {spec!r}")
+            raise ConfigError(f"straggler must be RANK:FACTOR[,RANK:FACTOR...], "
+                              f"not {shown(spec)}")
         try:
-            rank = int(rank)
-        except ValueError:
-            raise ConfigError(f"straggler {spec!r}: RANK must be an int >= 0, "
-                              f"not {rank!r}") from None
-        if rank < 0:
-            raise ConfigError(f"straggler {spec!r}: RANK must be an int >= 0, not {rank}")
-        out[rank] = _factor(factor, f"straggler {spec!r}")
+            rank = check_int(rank, "RANK", 0, INT64_MAX)
+        except ConfigError:
+            raise ConfigError(f"straggler {shown(spec)}: RANK must be an int >= 0, "
+                              f"not {shown(rank)}") from None
+        out[rank] = _factor(factor, f"straggler {shown(spec)}")
     return out
 
 
@@ -75,18 +78,16 @@ def parse_stalls(spec) -> tuple:
     """``"0.05:5"`` -> ``(0.05, 5.0)`` (None or "" -> ``(0.0, 1.0)``)."""
     if not spec:
         return 0.0, 1.0
-    probability, colon, factor = str(spec).replace(" ", "").partition(":")
+    spec = check_text(str(spec), "stalls")
+    probability, colon, factor = spec.replace(" ", "").partition(":")
     if not colon:
-        raise ConfigError(f"stalls must be P:FACTOR (e.g. 0.05:5), not {spec!r}")
+        raise ConfigError(f"stalls must be P:FACTOR (e.g. 0.05:5), not {shown(spec)}")
     try:
-        probability = float(probability)
-    except ValueError:
-        raise ConfigError(f"stalls {spec!r}: P must be a probability in [0, 1], "
-                          f"not {probability!r}") from None
-    if not 0.0 <= probability <= 1.0:
-        raise ConfigError(f"stalls {spec!r}: P must be a probability in [0, 1], "
-                          f"not {probability}")
-    return probability, _factor(factor, f"stalls {spec!r}")
+        probability = check_float(probability, "P", minimum=0.0, maximum=1.0)
+    except ConfigError:
+        raise ConfigError(f"stalls {shown(spec)}: P must be a probability in [0, 1], "
+                          f"not {shown(probability)}") from None
+    return probability, _factor(factor, f"stalls {shown(spec)}")
 
 
 class Stragglers:

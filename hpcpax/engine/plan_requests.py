@@ -19,6 +19,9 @@ import json
 from dataclasses import dataclass, field
 
 from ..errors import ConfigError
+from ..input_checks import (check_int, check_name, check_tree, load_json_file, shown,
+                            shown_path)
+from ..ps.spec import MAX_OWNER, MAX_PARTITIONS
 from ..sync.methods import method_of, names as method_names
 
 __all__ = ["PLAN_MODES", "PlanRequest", "resolve_plan", "normalize_plan", "load_plan_file",
@@ -26,6 +29,8 @@ __all__ = ["PLAN_MODES", "PlanRequest", "resolve_plan", "normalize_plan", "load_
 
 #: ``--plan`` values that measure the run before deciding.
 PLAN_MODES = ("auto", "hybrid")
+#: Most variables a plan table may name.
+MAX_PLAN_VARIABLES = 1 << 16
 
 
 @dataclass
@@ -83,55 +88,86 @@ def hot_rows_requests(requests, setting) -> dict:
 def normalize_plan(plan: dict, where: str = "plan") -> dict:
     """Check a per-variable plan table (or a :class:`hpcpax.plan.Plan` JSON dict, whose dense
     variables are ignored): ``{name: {"method", "partitions", "owners", "local_aggregation"}}``
-    with None where not given (and a ``ps`` entry's ``hot_rows``, checked at build)."""
+    with None where not given (and a ``ps`` entry's ``hot_rows``, checked at build).
+
+    Every value goes through :mod:`hpcpax.input_checks`: names are non-empty strs,
+    partitions at most :data:`~hpcpax.ps.spec.MAX_PARTITIONS`, owners as many.
+
+    Raises:
+        ConfigError: naming ``where``, the variable and the field.
+    """
+    if not isinstance(plan, dict):
+        raise ConfigError(f"{where} must be a table, not {type(plan).__name__}")
+    check_tree(plan, where)
     if "variables" in plan and isinstance(plan["variables"], (list, dict)):
         entries = plan["variables"]
         if isinstance(entries, list):
-            entries = {entry.get("name"): entry for entry in entries
-                       if isinstance(entry, dict) and entry.get("kind", "sparse") == "sparse"}
+            listed = {}
+            for index, entry in enumerate(entries):
+                if not isinstance(entry, dict):
+                    raise ConfigError(f"{where}: variables[{index}] must be a table, not "
+                                      f"{type(entry).__name__}")
+                if entry.get("kind", "sparse") == "sparse":
+                    name = check_name(entry.get("name"), f"{where}: variables[{index}].name")
+                    listed[name] = entry
+            entries = listed
         plan = entries
+    if len(plan) > MAX_PLAN_VARIABLES:
+        raise ConfigError(f"{where} must name at most {MAX_PLAN_VARIABLES} variables, "
+                          f"not {len(plan)}")
     out = {}
     for name, entry in plan.items():
+        check_name(name, f"{where}: variable name")
         if not isinstance(entry, dict):
             raise ConfigError(f"{where}[{name!r}] must be a table, not {type(entry).__name__}")
         unknown = set(entry) - {"method", "partitions", "owners", "kind", "name", "shape",
                                 "dtype", "local_aggregation", "wire_dtype", "predicted_s",
                                 "facts", "reason", "hot_rows"}
         if unknown:
-            raise ConfigError(f"{where}[{name!r}]: unknown key {sorted(unknown)[0]!r}")
+            raise ConfigError(f"{where}[{name!r}]: unknown key {shown(sorted(unknown)[0])}")
         method = entry.get("method", "ps")
+        if not isinstance(method, str):
+            raise ConfigError(f"{where}[{name!r}].method must be a method name, not "
+                              f"{type(method).__name__} ({shown(method)})")
         on_servers = method_of(method, f"{where}[{name!r}].method").on_servers
         partitions = entry.get("partitions")
-        if partitions is not None and (isinstance(partitions, bool)
-                                       or not isinstance(partitions, int) or partitions < 1):
-            raise ConfigError(f"{where}[{name!r}].partitions must be a positive int, "
-                              f"not {partitions!r}")
+        if partitions is not None:
+            if isinstance(partitions, bool) or not isinstance(partitions, int):
+                raise ConfigError(f"{where}[{name!r}].partitions must be a positive int, "
+                                  f"not {shown(partitions)}")
+            check_int(partitions, f"{where}[{name!r}].partitions", 1, MAX_PARTITIONS)
         owners = entry.get("owners") or None
         if owners is not None:
             if not on_servers:
                 owners = None  # a replicated variable has no owners
-            elif not isinstance(owners, list) or not all(
-                    isinstance(o, int) and not isinstance(o, bool) and o >= 0 for o in owners):
-                raise ConfigError(f"{where}[{name!r}].owners must be a list of owner indices "
-                                  f">= 0, not {owners!r}")
+            elif not isinstance(owners, list) or len(owners) > MAX_PARTITIONS or not all(
+                    isinstance(o, int) and not isinstance(o, bool) and 0 <= o <= MAX_OWNER
+                    for o in owners):
+                raise ConfigError(f"{where}[{name!r}].owners must be a list of at most "
+                                  f"{MAX_PARTITIONS} owner indices in [0, {MAX_OWNER}], "
+                                  f"not {shown(owners)}")
         local = entry.get("local_aggregation")
         if local is not None and not isinstance(local, bool):
             raise ConfigError(f"{where}[{name!r}].local_aggregation must be true or false, "
-                              f"not {local!r}")
-        out[str(name)] = {"method": method, "partitions": partitions if on_servers else None,
-                          "owners": owners, "local_aggregation": local if on_servers else None}
+                              f"not {shown(local)}")
+        out[name] = {"method": method, "partitions": partitions if on_servers else None,
+                     "owners": owners, "local_aggregation": local if on_servers else None}
         if entry.get("hot_rows") is not None and on_servers:  # see hot_rows_requests
-            out[str(name)]["hot_rows"] = entry["hot_rows"]
+            from ..plan.plan import check_hot_rows
+
+            out[name]["hot_rows"] = check_hot_rows(entry["hot_rows"],
+                                                   f"{where}[{name!r}].hot_rows")
     return out
 
 
 def load_plan_file(path) -> dict:
-    """A plan JSON file -> normalized per-variable plan dict."""
-    try:
-        with open(path, encoding="utf-8") as handle:
-            data = json.load(handle)
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ConfigError(f"plan file {path}: {exc}") from None
+    """A plan JSON file -> normalized per-variable plan dict.
+
+    Read by :func:`hpcpax.input_checks.load_json_file` (bounded size, strict
+    UTF-8, bounded nesting, finite numbers), then :func:`normalize_plan`.
+    """
+    data = load_json_file(path, "plan file")
+    where = f"plan file {shown_path(path)}"
     if not isinstance(data, dict):
-        raise ConfigError(f"plan file {path} must hold a JSON object")
-    return normalize_plan(data, f"plan file {path}")
+        raise ConfigError(f"{where} must hold a JSON object, not {type(data).__name__}")
+    return normalize_plan(data, where)

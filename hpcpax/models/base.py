@@ -19,6 +19,7 @@ import numpy as np
 
 from ..backend import array_module
 from ..errors import ConfigError, SparseIndexError
+from ..input_checks import INT64_MAX, check_int, shown
 
 __all__ = [
     "SparseSpec",
@@ -28,7 +29,28 @@ __all__ = [
     "counter_generator",
     "gather_rows",
     "parse_sizes",
+    "MAX_WIDTH",
+    "MAX_LAYERS",
+    "MAX_FIELDS",
+    "MAX_ROWS",
+    "MAX_CONTEXT",
+    "MAX_SAMPLED",
 ]
+
+# Upper bounds of the model sizes, checked before anything is allocated: a size past them
+# is a typo or an attack (--n-fields 100000000 asked numpy for 8.88 PiB of indices).
+#: Widest layer, embedding row or dense feature vector.
+MAX_WIDTH = 1 << 16
+#: Most layers in ``hidden``, ``bottom`` or ``top``.
+MAX_LAYERS = 64
+#: Most ctr fields (one table each; the pairwise interaction grows with the square).
+MAX_FIELDS = 1024
+#: Most rows of a table (ids are int64; rows are created when first touched).
+MAX_ROWS = INT64_MAX
+#: Most previous tokens per lm example.
+MAX_CONTEXT = 1 << 16
+#: Most sampled-softmax negatives per step.
+MAX_SAMPLED = 1 << 20
 
 # Stream tags in the high counter word keep the generators of one key apart.
 STREAM_DENSE_INIT = 1
@@ -142,14 +164,19 @@ def gather_rows(rows: dict, name: str, wanted, dtype):
     return gathered.reshape(wanted.shape + (table_rows.shape[1],))
 
 
-def parse_sizes(value, flag: str, *, allow_empty: bool = False) -> tuple[int, ...]:
-    """``64`` / ``(64, 32)`` / ``"64,32"`` -> ``(64, 32)``; each size a positive int."""
+def parse_sizes(value, flag: str, *, allow_empty: bool = False, maximum: int = MAX_WIDTH,
+                max_count: int = MAX_LAYERS) -> tuple[int, ...]:
+    """``64`` / ``(64, 32)`` / ``"64,32"`` -> ``(64, 32)``; each size an int in ``[1, maximum]``,
+    at most ``max_count`` of them (checked before anything is allocated)."""
     if isinstance(value, str):
+        if value.count(",") >= max_count:
+            raise ConfigError(f"{flag} must hold at most {max_count} sizes, not {shown(value)}")
         parts = [part for part in value.replace(" ", "").split(",") if part]
         try:
-            sizes = tuple(int(part) for part in parts)
-        except ValueError:
-            raise ConfigError(f"{flag} must be comma-separated ints, not {value!r}") from None
+            sizes = tuple(check_int(part, flag, None, None) if len(part) < 25 else maximum + 1
+                          for part in parts)
+        except ConfigError:
+            raise ConfigError(f"{flag} must be comma-separated ints, not {shown(value)}") from None
     elif isinstance(value, (int, np.integer)) and not isinstance(value, bool):
         sizes = (int(value),)
     else:
@@ -159,6 +186,8 @@ def parse_sizes(value, flag: str, *, allow_empty: bool = False) -> tuple[int, ..
             raise ConfigError(
                 f"{flag} must be an int or a sequence of ints, not {type(value).__name__}"
             ) from None
+        if len(sizes) > max_count:
+            raise ConfigError(f"{flag} must hold at most {max_count} sizes, not {len(sizes)}")
         for size in sizes:
             if not isinstance(size, (int, np.integer)) or isinstance(size, bool):
                 raise ConfigError(f"{flag} must hold ints, not {type(size).__name__}")
@@ -166,17 +195,20 @@ def parse_sizes(value, flag: str, *, allow_empty: bool = False) -> tuple[int, ..
     if not sizes and not allow_empty:
         raise ConfigError(f"{flag} must name at least one size, not {value!r}")
     if any(size <= 0 for size in sizes):
-        raise ConfigError(f"{flag} must be positive sizes, not {sizes}")
+        raise ConfigError(f"{flag} must be positive sizes, not {shown(sizes)}")
+    if any(size > maximum for size in sizes):
+        raise ConfigError(f"{flag} must be sizes of at most {maximum}, not "
+                          f"{shown(value if isinstance(value, str) else sizes)}")
     return sizes
 
 
-def check_positive_int(value, flag: str) -> int:
-    """``value`` if it is an int > 0, else ConfigError naming ``flag``."""
+def check_positive_int(value, flag: str, maximum: int = MAX_ROWS) -> int:
+    """``value`` if it is an int in ``[1, maximum]``, else ConfigError naming ``flag``."""
     if not isinstance(value, (int, np.integer)) or isinstance(value, bool):
         raise ConfigError(f"{flag} must be int, not {type(value).__name__}")
     if value <= 0:
         raise ConfigError(f"{flag} must be positive, not {value}")
-    return int(value)
+    return check_int(int(value), flag, 1, maximum)
 
 
 class Model:

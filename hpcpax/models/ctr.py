@@ -23,6 +23,9 @@ import numpy as np
 from ..backend import array_module, to_host
 from ..errors import ConfigError
 from .base import (
+    MAX_FIELDS,
+    MAX_ROWS,
+    MAX_WIDTH,
     STREAM_EXAMPLE,
     EvalOutputs,
     Model,
@@ -70,9 +73,9 @@ class CTRModel(Model):
         dtype="float32",
     ):
         super().__init__(seed=seed, dtype=dtype)
-        self.n_dense = check_positive_int(n_dense, "n_dense")
-        self.n_fields = check_positive_int(n_fields, "n_fields")
-        table_rows = parse_sizes(table_rows, "table_rows")
+        self.n_dense = check_positive_int(n_dense, "n_dense", MAX_WIDTH)
+        self.n_fields = check_positive_int(n_fields, "n_fields", MAX_FIELDS)
+        table_rows = parse_sizes(table_rows, "table_rows", maximum=MAX_ROWS, max_count=MAX_FIELDS)
         if len(table_rows) == 1:
             table_rows = table_rows * self.n_fields
         if len(table_rows) != self.n_fields:
@@ -80,7 +83,7 @@ class CTRModel(Model):
                 f"table_rows must be one int or {self.n_fields} ints (n_fields), not {len(table_rows)}"
             )
         self.table_rows = table_rows
-        self.emb_dim = check_positive_int(emb_dim, "emb_dim")
+        self.emb_dim = check_positive_int(emb_dim, "emb_dim", MAX_WIDTH)
         self.bottom = parse_sizes(bottom, "bottom")
         if self.bottom[-1] != self.emb_dim:
             raise ConfigError(

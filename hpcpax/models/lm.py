@@ -25,6 +25,9 @@ import numpy as np
 from ..backend import array_module, to_host
 from ..errors import ConfigError
 from .base import (
+    MAX_CONTEXT,
+    MAX_SAMPLED,
+    MAX_WIDTH,
     STREAM_EXAMPLE,
     STREAM_SAMPLER,
     EvalOutputs,
@@ -104,11 +107,11 @@ class LanguageModel(Model):
     ):
         super().__init__(seed=seed, dtype=dtype)
         self.vocab_size = check_positive_int(vocab_size, "vocab_size")
-        self.context = check_positive_int(context, "context")
-        self.emb_dim = check_positive_int(emb_dim, "emb_dim")
+        self.context = check_positive_int(context, "context", MAX_CONTEXT)
+        self.emb_dim = check_positive_int(emb_dim, "emb_dim", MAX_WIDTH)
         self.hidden = parse_sizes(hidden, "hidden", allow_empty=True)
-        self.out_dim = check_positive_int(out_dim, "out_dim")
-        self.num_sampled = check_positive_int(num_sampled, "num_sampled")
+        self.out_dim = check_positive_int(out_dim, "out_dim", MAX_WIDTH)
+        self.num_sampled = check_positive_int(num_sampled, "num_sampled", MAX_SAMPLED)
         self.activation = check_activation(activation)
         if not isinstance(remove_accidental_hits, bool):
             raise ConfigError(

@@ -44,11 +44,14 @@ from __future__ import annotations
 import math
 
 from ..errors import ConfigError
+from ..input_checks import check_int, shown
 
 __all__ = ["DensePeriod", "parse_dense_period", "DEFAULT_K_MAX", "DEFAULT_THRESHOLD",
            "DEFAULT_MIN_COST"]
 
 DEFAULT_K_MAX = 8
+#: Largest refresh period K or KMAX (steps; clocks stay int64).
+MAX_PERIOD = (1 << 31) - 1
 #: Relative divergence above which replicas are refreshed every step.
 DEFAULT_THRESHOLD = 0.05
 #: Fraction of a step a refresh must cost before ``k`` rises.
@@ -66,17 +69,13 @@ def parse_dense_period(spec) -> tuple:
     head, _, tail = text.partition(":")
     try:
         if head == "auto":
-            k_max = int(tail) if tail else DEFAULT_K_MAX
-            if k_max < 1:
-                raise ValueError
+            k_max = check_int(tail, "KMAX", 1, MAX_PERIOD) if tail else DEFAULT_K_MAX
             return 1, True, k_max
-        k = int(text)
-        if k < 1:
-            raise ValueError
+        k = check_int(text, "K", 1, MAX_PERIOD)
         return k, False, k
-    except ValueError:
-        raise ConfigError(f"dense_period must be K (an int >= 1), auto or auto:KMAX, "
-                          f"not {spec!r}") from None
+    except ConfigError:
+        raise ConfigError(f"dense_period must be K (an int in [1, {MAX_PERIOD}]), auto or "
+                          f"auto:KMAX, not {shown(spec)}") from None
 
 
 def _ema(old, new):

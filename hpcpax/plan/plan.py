@@ -23,7 +23,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import ConfigError
+from ..input_checks import check_int, check_tree, parse_json_text, read_text_file, shown
 from ..ps.placement import assign_owners
+from ..ps.spec import MAX_OWNER, MAX_PARTITIONS
 from ..sync import METHODS
 from ..sync.methods import method_of
 
@@ -162,28 +164,30 @@ class VariablePlan:
             return ConfigError(f"plan variable {self.name!r}: {field_name} {message}")
 
         if not isinstance(self.name, str) or not self.name:
-            raise ConfigError(f"plan variable name must be a non-empty str, not {self.name!r}")
+            raise ConfigError(f"plan variable name must be a non-empty str, not "
+                              f"{shown(self.name)}")
         if self.kind not in KINDS:
             raise bad("kind", f"must be one of {KINDS}, not {self.kind!r}")
         self.method = method_of(self.method, f"plan variable {self.name!r}: method").name
-        try:
-            self.shape = tuple(int(d) for d in self.shape)
-        except (TypeError, ValueError):
-            raise bad("shape", f"must be a sequence of ints, not {self.shape!r}") from None
-        if any(d < 0 for d in self.shape):
-            raise bad("shape", f"must not hold negative sizes, not {self.shape}")
+        if not isinstance(self.shape, (list, tuple)) or not all(
+                isinstance(d, (int, np.integer)) and not isinstance(d, bool)
+                for d in self.shape):
+            raise bad("shape", f"must be a sequence of ints, not {shown(self.shape)}")
+        self.shape = tuple(check_int(int(d), f"plan variable {self.name!r}: shape", 0)
+                           for d in self.shape)
         if not isinstance(self.dtype, str):
             raise bad("dtype", f"must be a str, not {type(self.dtype).__name__}")
         if isinstance(self.partitions, bool) or not isinstance(self.partitions, (int, np.integer)):
             raise bad("partitions", f"must be an int, not {type(self.partitions).__name__}")
-        self.partitions = int(self.partitions)
-        if self.partitions < 1:
-            raise bad("partitions", f"must be >= 1, not {self.partitions}")
-        if not isinstance(self.owners, (list, tuple)):
-            raise bad("owners", f"must be a list of ints, not {type(self.owners).__name__}")
+        self.partitions = check_int(int(self.partitions), f"plan variable {self.name!r}: "
+                                    "partitions", 1, MAX_PARTITIONS)
+        if not isinstance(self.owners, (list, tuple)) or not all(
+                isinstance(o, (int, np.integer)) and not isinstance(o, bool) for o in self.owners):
+            raise bad("owners", f"must be a list of ints, not {shown(self.owners)}")
         self.owners = [int(o) for o in self.owners]
-        if any(o < 0 for o in self.owners):
-            raise bad("owners", f"must hold server indices >= 0, not {self.owners}")
+        if any(not 0 <= o <= MAX_OWNER for o in self.owners):
+            raise bad("owners", f"must hold server indices in [0, {MAX_OWNER}], "
+                                f"not {shown(self.owners)}")
         if self.sync_method.on_servers:
             if len(self.owners) != self.partitions:
                 raise bad("owners", f"must hold one server per partition ({self.partitions}), not {len(self.owners)}")
@@ -196,6 +200,9 @@ class VariablePlan:
         if self.wire_dtype is not None and not isinstance(self.wire_dtype, str):
             raise bad("wire_dtype", f"must be a str or None, not {type(self.wire_dtype).__name__}")
         if self.predicted_s is not None:
+            if isinstance(self.predicted_s, bool) or not isinstance(
+                    self.predicted_s, (int, float, np.integer, np.floating)):
+                raise bad("predicted_s", f"must be a number or null, not {shown(self.predicted_s)}")
             self.predicted_s = float(self.predicted_s)
             if not math.isfinite(self.predicted_s) or self.predicted_s < 0:
                 raise bad("predicted_s", f"must be a finite number >= 0, not {self.predicted_s}")
@@ -233,6 +240,7 @@ class VariablePlan:
         if not isinstance(data, dict):
             raise ConfigError(f"plan variable must be a JSON object, not {type(data).__name__}")
         name = data.get("name", "?")
+        name = name if isinstance(name, str) else shown(name)
         required = ("name", "kind", "shape", "dtype", "method")
         for key in required:
             if key not in data:
@@ -308,9 +316,10 @@ class Plan:
         """A plan from ``plan.json``'s object; ConfigError naming what is wrong."""
         if not isinstance(data, dict):
             raise ConfigError(f"plan must be a JSON object, not {type(data).__name__}")
+        check_tree(data, "plan")
         fmt = data.get("format", PLAN_FORMAT)
         if fmt != PLAN_FORMAT:
-            raise ConfigError(f"plan format must be {PLAN_FORMAT}, not {fmt!r}")
+            raise ConfigError(f"plan format must be {PLAN_FORMAT}, not {shown(fmt)}")
         entries = data.get("variables")
         if not isinstance(entries, list):
             raise ConfigError(f"plan field 'variables' must be a list, not {type(entries).__name__}")
@@ -336,12 +345,12 @@ class Plan:
 
     @classmethod
     def from_json(cls, text: str) -> "Plan":
-        """Parse and validate a plan; raises :class:`ConfigError` on bad input."""
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise ConfigError(f"plan is not valid JSON: {exc}") from None
-        return cls.from_dict(data)
+        """Parse and validate a plan; raises :class:`ConfigError` on bad input.
+
+        The text goes through :func:`hpcpax.input_checks.parse_json_text`
+        (bounded nesting, finite numbers, ints within int64).
+        """
+        return cls.from_dict(parse_json_text(text, "plan"))
 
     def save(self, path) -> None:
         """Write the plan as JSON atomically (temporary file, then rename), mode 0666 & ~umask."""
@@ -366,11 +375,7 @@ class Plan:
     def load(cls, path) -> "Plan":
         """Read and validate a plan file; errors name the file and the field."""
         path = os.fspath(path)
-        try:
-            with open(path, encoding="utf-8") as stream:
-                text = stream.read()
-        except OSError as exc:
-            raise ConfigError(f"cannot read plan {path}: {exc.strerror}") from None
+        text = read_text_file(path, "plan")
         try:
             return cls.from_json(text)
         except ConfigError as exc:

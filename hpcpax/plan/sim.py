@@ -58,6 +58,9 @@ from importlib import resources
 import numpy as np
 
 from ..errors import ConfigError, HpcpaxError
+from ..input_checks import (check_float, check_int, check_text, parse_json_text, read_text_file,
+                            shown, shown_path)
+from ..ps.spec import MAX_PARTITIONS
 from ..options import counted
 from ..comm.fabric import Fabric, LinkModel
 from ..comm.polling import WITHIN_SPIN_SECONDS
@@ -91,20 +94,31 @@ def list_presets() -> list:
     return sorted(p.name[:-5] for p in folder.iterdir() if p.name.endswith(".json"))
 
 
+#: Most ranks of a simulated job (its rank-by-rank traffic matrices grow with the square).
+MAX_SIM_RANKS = 4096
+
+
 def load_preset(name_or_path: str) -> dict:
-    """A preset by name, or a JSON file by path."""
+    """A preset by name, or a JSON file by path (read by :mod:`hpcpax.input_checks`).
+
+    Raises:
+        ConfigError: no such preset or file, or a file that is not a checked JSON object.
+    """
+    check_text(name_or_path, "preset")
     if os.path.exists(name_or_path):
         path = name_or_path
-        text = open(path, encoding="utf-8").read()
+        text = read_text_file(path, "preset")
     else:
         resource = resources.files("hpcpax.plan") / "presets" / f"{name_or_path}.json"
-        if not resource.is_file():
-            raise ConfigError(f"preset must be a file or one of {list_presets()}, not {name_or_path!r}")
+        if "/" in name_or_path or not resource.is_file():
+            raise ConfigError(f"preset must be a file or one of {list_presets()}, "
+                              f"not {shown(name_or_path)}")
         path, text = str(resource), resource.read_text(encoding="utf-8")
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"{path} is not valid JSON: {exc}") from None
+    data = parse_json_text(text, f"preset {shown_path(path)}")
+    if not isinstance(data, dict):
+        raise ConfigError(f"preset {shown_path(path)} must hold a JSON object, "
+                          f"not {type(data).__name__}")
+    return data
 
 
 _PROBABILITY_CACHE = {}
@@ -412,14 +426,22 @@ def main(argv=None) -> int:
 
 def _inputs(args) -> tuple:
     """``(model, cluster)`` from the presets and the overrides of ``args`` (checked)."""
-    # (least value, whether the least value itself is refused)
-    bounds = {"nodes": (1, False), "gpus_per_node": (1, False), "servers_per_node": (0, False),
-              "partitions": (1, False), "bandwidth_gbps": (0, True), "latency_us": (0, False),
-              "compute_ms": (0, False)}
-    for flag, (least, strict) in bounds.items():
+    # (least value, whether the least value itself is refused, largest value)
+    bounds = {"nodes": (1, False, MAX_SIM_RANKS), "gpus_per_node": (1, False, MAX_SIM_RANKS),
+              "servers_per_node": (0, False, MAX_SIM_RANKS),
+              "partitions": (1, False, MAX_PARTITIONS), "bandwidth_gbps": (0, True, 1e9),
+              "latency_us": (0, False, 1e9), "compute_ms": (0, False, 1e9)}
+    for flag, (least, strict, most) in bounds.items():
         value = getattr(args, flag)
-        if value is not None and not (value > least if strict else value >= least):
-            raise ConfigError(f"--{flag.replace('_', '-')} must be {'>' if strict else '>='} "
+        name = f"--{flag.replace('_', '-')}"
+        if value is None:
+            continue
+        if isinstance(value, float):
+            check_float(value, name, maximum=most)
+        else:
+            check_int(value, name, maximum=most)
+        if not (value > least if strict else value >= least):
+            raise ConfigError(f"{name} must be {'>' if strict else '>='} "
                               f"{least}, not {value:g}")
     model, cluster = load_preset(args.model), load_preset(args.cluster)
     cluster = dict(cluster, intra=dict(cluster["intra"]), inter=dict(cluster["inter"]))
@@ -433,6 +455,14 @@ def _inputs(args) -> tuple:
         cluster["inter"]["latency_s"] = args.latency_us * 1e-6
     if args.compute_ms is not None:
         model = dict(model, compute_ms=args.compute_ms)
+    ranks = check_int(cluster.get("num_nodes", 1), "cluster num_nodes", 1, MAX_SIM_RANKS) * (
+        check_int(cluster.get("gpus_per_node", 1), "cluster gpus_per_node", 1, MAX_SIM_RANKS)
+        + check_int(cluster.get("servers_per_node", 0), "cluster servers_per_node", 0,
+                    MAX_SIM_RANKS))
+    if ranks > MAX_SIM_RANKS:
+        raise ConfigError(f"the simulated job has {ranks} ranks (nodes x (gpus + servers) per "
+                          f"node), more than the {MAX_SIM_RANKS} the simulator models "
+                          "(its traffic matrices grow with the square)")
     return model, cluster
 
 

@@ -9,7 +9,12 @@ import numpy as np
 from ..ops.optimizers import make_optimizer
 from .initializers import INITIALIZERS
 
-__all__ = ["SparseVariableSpec"]
+__all__ = ["SparseVariableSpec", "MAX_PARTITIONS", "MAX_OWNER"]
+
+#: Most partitions of one variable (set-up loops over them; Parallax's search tries far fewer).
+MAX_PARTITIONS = 1 << 14
+#: Largest owner index a plan may name (the owner ranks of a job are fewer).
+MAX_OWNER = (1 << 20) - 1
 
 
 @dataclass(frozen=True)
@@ -66,9 +71,10 @@ class SparseVariableSpec:
             raise ValueError(f"{self.name}: partitioning must be 'mod' or 'range', "
                              f"not {self.partitioning!r}")
         if self.num_partitions is not None and (
-                not isinstance(self.num_partitions, (int, np.integer)) or self.num_partitions < 1):
-            raise ValueError(f"{self.name}: num_partitions must be a positive int, "
-                             f"not {self.num_partitions!r}")
+                not isinstance(self.num_partitions, (int, np.integer))
+                or not 1 <= self.num_partitions <= MAX_PARTITIONS):
+            raise ValueError(f"{self.name}: num_partitions must be an int in "
+                             f"[1, {MAX_PARTITIONS}], not {self.num_partitions!r}")
         if self.eviction not in ("none", "lru"):
             raise ValueError(f"{self.name}: eviction must be 'none' or 'lru', "
                              f"not {self.eviction!r}")

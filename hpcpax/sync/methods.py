@@ -27,6 +27,7 @@ use it. The behaviour modules import the MPI layers lazily, inside methods.
 from __future__ import annotations
 
 from ..errors import ConfigError
+from ..input_checks import shown
 
 __all__ = ["SyncMethod", "StepBatch", "register", "method_of", "methods", "names"]
 
@@ -164,5 +165,5 @@ def method_of(method, where: str = "method") -> SyncMethod:
     found = _REGISTRY.get(method) if isinstance(method, str) else None
     if found is None:
         hint = f" ({_HINTS[method]})" if isinstance(method, str) and method in _HINTS else ""
-        raise ConfigError(f"{where} must be one of {names()}, not {method!r}{hint}")
+        raise ConfigError(f"{where} must be one of {names()}, not {shown(method)}{hint}")
     return found

@@ -6,6 +6,7 @@ path), checkpoint and resume included; ``asp`` survives a preemption signal
 on one worker, checkpoints every worker's own step and resumes to the end.
 """
 
+import json
 import os
 import signal
 
@@ -16,6 +17,8 @@ from hpcpax.app import checkpoint_files as ckpt
 from hpcpax.app.config import resolve
 from hpcpax.app.trainer import Trainer
 from hpcpax.errors import ConfigError
+
+from trainer_runs import metrics_lines
 
 TINY = {
     "model": "lm", "vocab_size": 300, "context": 3, "emb_dim": 8, "hidden": [16],
@@ -99,7 +102,15 @@ def test_asp_preempted_on_one_worker_checkpoints_and_resumes(comm, tmp_path, all
           and sum(first["worker_steps"]) < steps * workers
           and not second["preempted"] and sum(second["worker_steps"]) >= steps * workers
           and all(b >= a for a, b in zip(first["worker_steps"], second["worker_steps"])))
-    assert all_ok(ok), (first, meta, second)
+    # each step one line in the file as written (no line for the resumed run to supersede),
+    # and every step a worker ran in one line: the preempted run's records of steps the
+    # slower workers had not run came back from the checkpoint
+    lines = [r for r in metrics_lines(run_dir, "workers")]
+    stepped = [r["step"] for r in lines]
+    ok = ok and (len(set(first["worker_steps"])) > 1 and meta.get("unsettled_records")
+                 and stepped == sorted(set(stepped)) and stepped[0] == 1
+                 and sum(r["workers"] for r in lines) == sum(second["worker_steps"]))
+    assert all_ok(ok), (first, meta.get("worker_steps"), second, stepped)
 
 
 @pytest.mark.mpi(min_size=2)
@@ -130,3 +141,60 @@ def test_config_checks_consistency_flags():
                                ({"consistency_groups": "rack"}, "worker")):
         with pytest.raises(ConfigError, match=message):
             resolve(overrides)
+
+
+class _Workers:
+    """The workers' communicator of a fake trainer: ``gather`` returns every worker's list."""
+
+    def __init__(self):
+        self.lists = []
+
+    def gather(self, mine, root=0):
+        return self.lists
+
+
+class _Metrics(list):
+    write = list.append
+
+
+def _leader_steps(workers):
+    """A first worker's RelaxedSteps over a fake trainer (no MPI, no servers)."""
+    from types import SimpleNamespace
+
+    from hpcpax.app.relaxed_run import RelaxedSteps
+
+    steps = RelaxedSteps.__new__(RelaxedSteps)
+    steps.trainer = SimpleNamespace(
+        topology=SimpleNamespace(workers=workers), is_leader=True, losses=[],
+        config={"time_dilation": 1.0}, emulated=None)
+    steps.records, steps.pending, steps.unsettled = [], {}, []
+    return steps
+
+
+def _record(step, worker):
+    return {"step": step, "loss": 1.0 / step, "batch": 4, "seconds": 0.1,
+            "time": {"data": 0.01, "compute": 0.05}, "worker": worker}
+
+
+def test_asp_resume_logs_each_step_once():
+    """Preempted at worker steps [3, 3, 2] (issue 70's [156, 156, 155], smaller): lines
+    through step 2, the step-3 records of workers 0 and 1 kept for the checkpoint; resumed
+    (worker 2 runs step 3, everyone step 4): step 3 is one line of three workers, never
+    two lines (2 workers before, 1 after)."""
+    from hpcpax.app.metrics import json_safe
+
+    workers, metrics = _Workers(), _Metrics()
+    before = _leader_steps(workers)
+    workers.lists = [[_record(s, 0) for s in (1, 2, 3)], [_record(s, 1) for s in (1, 2, 3)],
+                     [_record(s, 2) for s in (1, 2)]]
+    before.flush(metrics, [3, 3, 2], final=False)  # the preemption barrier
+    saved = json.loads(json.dumps(json_safe(before.unsettled)))  # through meta.json
+    after = _leader_steps(workers)
+    # a damaged entry and a step a worker had not reached are not restored
+    assert after.restore(saved + [{"step": "3"}, _record(3, 2)], [3, 3, 2]) == 2
+    workers.lists = [[_record(4, 0)], [_record(4, 1)], [_record(3, 2), _record(4, 2)]]
+    after.flush(metrics, [4, 4, 4], final=True)
+    assert [(line["step"], line["workers"]) for line in metrics] == \
+        [(1, 3), (2, 3), (3, 3), (4, 3)]
+    assert metrics[2]["loss"] == pytest.approx(1.0 / 3)
+    assert after.restore("not a list", [3, 3, 2]) == 0

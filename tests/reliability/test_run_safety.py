@@ -357,8 +357,8 @@ def test_dense_layers_above_the_replica_budget_are_refused_before_allocation(tmp
     with pytest.raises(ConfigError, match=r"dense layers need 11\.5 MiB on every worker .*"
                                           r"1 optimizer slots.*largest: w1 \(1000, 1000\)"):
         check_dense_memory(shapes, "float32", 1)
-    # the trainer refuses a huge --context before it allocates anything
+    # the trainer refuses a huge --context (here the largest one) before it allocates anything
     monkeypatch.setenv("HPCPAX_REPLICA_MEMORY", "64M")
     with pytest.raises(ConfigError, match=r"dense layers need .* above HPCPAX_REPLICA_MEMORY "
                                           r"\(64\.0 MiB\): reduce --hidden/--context"):
-        run(tmp_path / "run", steps=1, context=200_000, emb_dim=8, hidden=[64])
+        run(tmp_path / "run", steps=1, context=65_536, emb_dim=8, hidden=[64])

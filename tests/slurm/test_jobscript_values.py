@@ -286,3 +286,46 @@ def test_a_dollar_in_a_value_is_kept_and_noted(tmp_path, capsys):
     assert main(["single_node", "--run-dir=$SCRATCH/run", "-o", str(job)]) == 0
     assert "\nRUN_DIR='$SCRATCH/run'\n" in job.read_text()
     assert "note: --run-dir '$SCRATCH/run' is used as written" in capsys.readouterr().err
+
+
+def operand_cases():
+    return [(template, name) for template in TEMPLATES
+            for name in ("run_dir", "activate", "python", "script")
+            if name in load_template(template).placeholders]
+
+
+@pytest.mark.parametrize("template, name", operand_cases())
+@pytest.mark.parametrize("value", ["-x", "--version", "-"])
+def test_file_and_program_values_refuse_a_leading_dash(template, name, value, capsys):
+    """``mkdir -p "$RUN_DIR"``, ``source "$ACTIVATE"``, ``srun PYTHON -m mpi4py SCRIPT`` would
+    read such a value as an option: refused at render, one line, naming ``./VALUE``."""
+    assert_refused(capsys, template, name, value, "must not start with '-'")
+    with pytest.raises(ConfigError, match=re.escape(f"write ./{value} ")):
+        render(template, **{name: value})
+
+
+@pytest.mark.parametrize("template", ["single_node", "multi_node"])
+def test_the_command_must_start_with_its_program(template, capsys):
+    assert_refused(capsys, template, "command", "--export=ALL python -m hpcpax.train",
+                   "must start with the program to run, not the option '--export=ALL'")
+
+
+def test_a_dash_name_written_as_a_path_runs(tmp_path):
+    """``./-x`` and ``./-env`` (what the message suggests) work inside the job."""
+    work, stubs = tmp_path / "work", tmp_path / "stubs"
+    work.mkdir()
+    stubs.mkdir()
+    (stubs / "srun").write_text(STUB.format(python=sys.executable))
+    (stubs / "srun").chmod(0o755)
+    (work / "-env").write_text("export HPCPAX_TEST_ACTIVATED=yes\n")
+    job = tmp_path / "job.sbatch"
+    job.write_text(render("single_node", run_dir="./-x", activate="./-env"))
+    env = {**os.environ, "PATH": f"{stubs}{os.pathsep}{os.environ['PATH']}",
+           "STUB_LOG": str(tmp_path / "argv.jsonl"), "SLURM_JOB_ID": "42",
+           "SLURM_JOB_NAME": "dash"}
+    result = subprocess.run(["bash", str(job)], cwd=work, env=env, capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert (work / "-x").is_dir()
+    call = json.loads((tmp_path / "argv.jsonl").read_text().splitlines()[0])
+    assert call["activated"] == "yes" and call["argv"][-7:-5] == ["--run-dir", "./-x"], call

@@ -40,6 +40,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ...errors import ConfigError
+from ...input_checks import check_int, check_text, shown
 
 __all__ = ["Consistency", "parse_consistency", "parse_consistency_spec", "BSP", "MODELS"]
 
@@ -132,16 +133,24 @@ class Consistency:
 
 
 BSP = Consistency()
+#: Largest staleness S or sample B (beyond it a bound never binds; clocks stay int64).
+MAX_COUNT = (1 << 31) - 1
 
 
 def _count(text, what, spec) -> int:
+    if text.strip().isdigit() and len(text.strip()) > 10:  # past MAX_COUNT, unparsed
+        raise ConfigError(f"consistency {shown(spec)}: {what} must be an int <= {MAX_COUNT}, "
+                          f"not {shown(text.strip())}")
     try:
-        value = int(text)
-    except ValueError:
-        raise ConfigError(f"consistency {spec!r}: {what} must be an int >= 0, "
-                          f"not {text!r}") from None
+        value = check_int(text, what, None, None)
+    except ConfigError:
+        raise ConfigError(f"consistency {shown(spec)}: {what} must be an int >= 0, "
+                          f"not {shown(text)}") from None
     if value < 0:
-        raise ConfigError(f"consistency {spec!r}: {what} must be an int >= 0, not {value}")
+        raise ConfigError(f"consistency {shown(spec)}: {what} must be an int >= 0, not {value}")
+    if value > MAX_COUNT:
+        raise ConfigError(f"consistency {shown(spec)}: {what} must be an int <= {MAX_COUNT}, "
+                          f"not {shown(value)}")
     return value
 
 
@@ -166,7 +175,7 @@ def parse_consistency(spec) -> Consistency:
         sample, _, staleness = argument.partition(",")
         return Consistency("psp", staleness=_count(staleness, "S", spec) if staleness else 0,
                            sample=_count(sample, "B", spec))
-    raise ConfigError(f"consistency must be bsp, ssp:S, asp or psp:B[,S], not {spec!r}")
+    raise ConfigError(f"consistency must be bsp, ssp:S, asp or psp:B[,S], not {shown(spec)}")
 
 
 def parse_consistency_spec(spec, names=None) -> tuple:
@@ -188,6 +197,7 @@ def parse_consistency_spec(spec, names=None) -> tuple:
     if not isinstance(spec, str):
         raise ConfigError(f"consistency must be a str such as 'ssp:3', not "
                           f"{type(spec).__name__}")
+    check_text(spec, "consistency")
     default, per_variable = BSP, {}
     for i, part in enumerate(p.strip() for p in spec.split(";")):
         if not part:
@@ -200,6 +210,8 @@ def parse_consistency_spec(spec, names=None) -> tuple:
             default = parse_consistency(part)
             continue
         name = name.strip()
+        if name in per_variable:
+            raise ConfigError(f"consistency {shown(spec)} names variable {shown(name)} twice")
         if names is not None and name not in names:
             raise ConfigError(f"consistency {spec!r} names unknown sparse variable {name!r}; "
                               f"the model has {sorted(names)}")
