@@ -34,6 +34,12 @@ _PREFIX = "HPCPAX_"
 TEST_VARIABLES = ("HPCPAX_TEST_GPU", "HPCPAX_UPDATE_GOLDEN")
 
 
+#: Largest integer an option takes (an int64, as the code stores them).
+_INT_MAX = (1 << 63) - 1
+#: Longest seconds an option takes (about 30 years: finite, and far past any job).
+_SECONDS_MAX = 1e9
+
+
 def _integer(minimum, unset_at=None):
     def parse(text):
         try:
@@ -42,6 +48,8 @@ def _integer(minimum, unset_at=None):
             raise ValueError(f"an integer >= {minimum}") from None
         if value < minimum:
             raise ValueError(f"an integer >= {minimum}")
+        if value > _INT_MAX:
+            raise ValueError(f"an integer from {minimum} to {_INT_MAX}")
         return None if unset_at is not None and value == unset_at else value
     return parse
 
@@ -51,8 +59,10 @@ def _seconds(text):
         value = float(text)
     except ValueError:
         raise ValueError("a number of seconds >= 0") from None
-    if not value >= 0:
+    if not value >= 0:  # also refuses nan
         raise ValueError("a number of seconds >= 0")
+    if value > _SECONDS_MAX:  # inf: a watchdog that never fires is 0, not inf
+        raise ValueError(f"a number of seconds from 0 to {_SECONDS_MAX:.0e} (0: off)")
     return value
 
 

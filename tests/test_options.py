@@ -75,3 +75,27 @@ def test_every_option_is_in_the_readme_table():
 
 def test_the_package_exposes_the_options():
     assert hpcpax.options.as_dict().keys() == {o.name for o in OPTIONS}
+
+
+#: Values another program, a typo or a hostile job script may leave in the environment.
+HOSTILE = ("inf", "-inf", "nan", "1e308", str(10 ** 30), "18446744073709551616", "-1", " ",
+           "x" * 10000, "1\n2", "\x1b[2J", "0x10")
+
+
+@pytest.mark.parametrize("option", OPTIONS, ids=lambda o: o.variable)
+def test_hostile_environment_values_parse_or_stop_in_one_line(monkeypatch, option):
+    """Every option, every hostile value: a finite, bounded value or one ``ConfigError``
+    line naming the variable (never inf, nan, a Python traceback or a huge int)."""
+    for text in HOSTILE:
+        monkeypatch.setenv(option.variable, text)
+        try:
+            value = getattr(Options(), option.name)
+        except ConfigError as error:
+            message = str(error)
+            assert message.startswith(f"{option.variable} must be "), message
+            assert "\n" not in message.replace("\\n", ""), message
+            continue
+        if isinstance(value, float):
+            assert value == value and abs(value) < 1e10, (option.variable, text, value)
+        elif isinstance(value, int) and not isinstance(value, bool):
+            assert abs(value) < 1 << 63, (option.variable, text, value)
