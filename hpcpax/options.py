@@ -191,6 +191,9 @@ OPTIONS = (
            "same layout on the same hosts, which then skip the measurement (off: every job "
            "measures; the default)"),
     Option("numba", _switch, True, "0: NumPy reference kernels instead of the Numba ones"),
+    Option("numba_lock_seconds", _seconds, 60.0,
+           "seconds a rank waits for another process's hold on Numba's cache lock before it "
+           "compiles its kernels without the cache (with a warning naming the holder)"),
     Option("numba_threads", _integer(1), None,
            "Numba threads of the parallel kernels (default: as for threads)"),
     Option("numba_serial_below", _integer(0), 1 << 20,

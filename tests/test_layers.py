@@ -6,7 +6,8 @@ collectives or live steps to decide) < ``engine`` (one job's machinery, one fact
 ``app`` < ``torch`` (the PyTorch adapter). ``data``
 and ``models`` serve the application and import no layer above ``ops``;
 ``cluster`` (the emulated cluster, a tool) imports only the base. ``errors``,
-``options`` and ``backend`` are the base every layer may use. Every import
+``options``, ``backend`` and ``input_checks`` (the one validator of flags, configs and
+plan files) are the base every layer may use. Every import
 counts, lazy ones inside functions
 included: a lazy import only hides a dependency, it does not remove it.
 """
@@ -23,7 +24,7 @@ LAYERS = {"ops": 0, "comm": 1, "ps": 2, "sync": 3, "plan": 4, "runlog": 5, "tune
           "engine": 7, "app": 8, "torch": 9,
           "data": 1, "models": 1,
           "cluster": 0}  # the emulated cluster is a tool beside the library: base only
-BASE = {"errors", "options", "backend"}
+BASE = {"errors", "options", "backend", "input_checks"}
 #: Planning maths (all of ``plan/``) and the run log's: pure, no MPI anywhere in them.
 PURE_PLANNING = ["plan.cost_model", "plan.auto", "plan.plan", "plan.partition_search",
                  "plan.measure", "plan.sim", "plan.adaptive", "plan.collectives",

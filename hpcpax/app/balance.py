@@ -58,14 +58,15 @@ UNDO_LOSS = 2 * MIN_GAIN
 COOLDOWN = 2
 
 
+#: Most examples in one global batch (flags, configs and batch shares).
+MAX_GLOBAL_BATCH = 1 << 24
+
 def check_batch_shares(spec) -> None:
     """Check ``--batch-shares`` before any communication (the worker count is not known yet).
 
     Raises:
         ConfigError: not ``speed`` nor comma-separated positive ints.
     """
-    from .config import MAX_GLOBAL_BATCH
-
     if spec in (None, "", "speed"):
         return
     text = check_text(str(spec), "batch_shares", 1 << 20)

@@ -15,6 +15,7 @@ import os
 from dataclasses import dataclass
 
 from ..errors import ConfigError
+from .balance import MAX_GLOBAL_BATCH
 from ..input_checks import (INT64_MAX, check_float, check_int, check_text, check_tree,
                             load_toml_file, shown)
 from ..models.base import (MAX_CONTEXT, MAX_FIELDS, MAX_LAYERS, MAX_ROWS, MAX_SAMPLED,
@@ -26,8 +27,6 @@ from ..engine.plan_requests import PLAN_MODES, load_plan_file, normalize_plan
 __all__ = ["FLAGS", "MODEL_FLAGS", "TRAINING_KEYS", "PLAN_MODES", "parse_args", "resolve",
            "load_toml", "model_kwargs", "normalize_plan", "load_plan_file"]
 
-#: Most examples in one global batch.
-MAX_GLOBAL_BATCH = 1 << 24
 #: Most ranks per node (servers, or a virtual node's).
 MAX_RANKS = 1 << 16
 #: Largest time dilation (the cluster tool's link rates are divided by it).

@@ -23,7 +23,7 @@ happen here (a race of six processes left such an index in 3 of 25 tries).
 What the job does not trust (its trust boundary: its own user and run
 directory): a cache directory or lock file that another user may write (Numba's
 cache files are pickles, run on load) is not used, and a lock that another
-process holds for longer than :data:`LOCK_WAIT_S` is given up with a warning
+process holds for longer than ``HPCPAX_NUMBA_LOCK_SECONDS`` (60) is given up with a warning
 naming its holder. In both cases, and where the directory refuses the lock (a
 filesystem without ``flock``), the kernels of that directory compile without
 the cache in this process, once a run (``NUMBA_CACHE_DIR`` on a local disk of
@@ -39,13 +39,10 @@ import threading
 import time
 from contextlib import contextmanager
 
-__all__ = ["guard", "guard_module", "LOCK_NAME", "LOCK_WAIT_S"]
+__all__ = ["guard", "guard_module", "LOCK_NAME"]
 
 #: The lock file's name in each cache directory.
 LOCK_NAME = "hpcpax-numba-cache.lock"
-#: Seconds a process waits for another's hold on the lock before it compiles
-#: without the cache (one kernel's compile takes seconds; this is far beyond it).
-LOCK_WAIT_S = 60.0
 
 _HELD = threading.local()  # lock files this thread holds (a compile nests others)
 _WARNED = set()
@@ -155,9 +152,10 @@ def _in_cache(dispatcher) -> bool:
 
 def _untrusted_reason(directory: str) -> str | None:
     """Why the cache ``directory`` (and its lock file) cannot be trusted, or None:
-    another user (but root) owns it or may write it."""
+    another user (but root) owns it or may write it, or may write a folder above
+    it without the sticky bit (and so swap the cache for one of their own)."""
     me = os.geteuid()
-    for path in (directory, os.path.join(directory, LOCK_NAME)):
+    for path in (os.path.join(directory, LOCK_NAME), directory):
         try:
             info = os.lstat(path)
         except FileNotFoundError:
@@ -170,7 +168,23 @@ def _untrusted_reason(directory: str) -> str | None:
             return f"{path} belongs to uid {info.st_uid}"
         if info.st_mode & 0o022:
             return f"{path} is writable by other users (mode {info.st_mode & 0o777:o})"
-    return None
+    above = os.path.dirname(os.path.abspath(directory))
+    while True:
+        try:
+            info = os.stat(above)
+        except FileNotFoundError:
+            info = None  # made later, by this process
+        except OSError as exc:
+            return str(exc)
+        if info is not None:
+            if info.st_uid not in (me, 0):
+                return f"{above} belongs to uid {info.st_uid}"
+            if info.st_mode & 0o022 and not info.st_mode & stat.S_ISVTX:
+                return f"{above} is writable by other users (mode {info.st_mode & 0o777:o})"
+        parent = os.path.dirname(above)
+        if parent == above:
+            return None
+        above = parent
 
 
 def _lock_holder(path: str) -> str:
@@ -194,11 +208,15 @@ def _lock_holder(path: str) -> str:
 
 
 def _acquire(fd, mode, path, budget_s=None) -> bool:
-    """``flock(fd, mode)`` within ``budget_s`` (default :data:`LOCK_WAIT_S`); False when
+    """``flock(fd, mode)`` within ``budget_s`` (default ``HPCPAX_NUMBA_LOCK_SECONDS``: one
+    kernel's compile takes seconds, its default 60 s is far beyond it); False when
     another process held the lock all that time."""
     import fcntl  # noqa: PLC0415  (POSIX only)
 
-    budget_s = LOCK_WAIT_S if budget_s is None else budget_s
+    if budget_s is None:
+        from ..options import options  # noqa: PLC0415
+
+        budget_s = options.numba_lock_seconds
     deadline, pause = time.monotonic() + budget_s, 0.001
     while True:
         try:
@@ -228,7 +246,10 @@ def _locked(dispatcher, cache, shared=False):
         return
     try:
         cache._impl.locator.ensure_cache_path()
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o644)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o600)
+        info = os.fstat(fd)
+        if info.st_uid == os.geteuid() and info.st_mode & 0o077:
+            os.fchmod(fd, 0o600)  # one an older hpcpax left readable: others could flock it
     except OSError as exc:
         _uncached(dispatcher, path, exc)
         yield
@@ -241,8 +262,10 @@ def _locked(dispatcher, cache, shared=False):
             yield
             return
         if not acquired:
+            from ..options import options  # noqa: PLC0415
+
             reason = (f"its lock {path} was held by {_lock_holder(path)} for over "
-                      f"{LOCK_WAIT_S:.0f} s")
+                      f"{options.numba_lock_seconds:g} s")
             _UNTRUSTED[cache._cache_path] = reason  # the module's other kernels too
             _uncached(dispatcher, path, reason)
             yield
