@@ -20,6 +20,7 @@ before it breaks CI. The last line is the total over all runs:
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import subprocess
@@ -148,9 +149,65 @@ class Run:
               + f"; CPU {self.cpu_seconds:.0f} s", flush=True)
 
 
+def mpi_test_files() -> list:
+    """The test files that hold a test marked ``mpi`` (relative to the repository)."""
+    found = []
+    for path in sorted((ROOT / "tests").rglob("test_*.py")):
+        if "mark.mpi" in path.read_text(errors="replace"):
+            found.append(str(path.relative_to(ROOT)))
+    return found
+
+
+#: Seconds each MPI run spends outside its tests (start-up, collection), for the split.
+MPI_OVERHEAD_S = 10.0
+#: Seconds assumed for a test file ``tests/durations.json`` does not know yet.
+UNKNOWN_FILE_S = 2.0
+
+
+def _durations() -> dict:
+    try:
+        return json.loads((ROOT / "tests" / "durations.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _shares_a_resource(path: Path) -> bool:
+    """Whether a test file uses the session's one emulated cluster or the one-node Slurm:
+    such files run in the same serial part (a second cluster of the same prefix, or two
+    Slurm jobs of two parts at once, would meet)."""
+    relative = path.relative_to(ROOT).parts
+    if relative[1] in ("cluster", "slurm"):
+        return True
+    text = path.read_text(errors="replace")
+    return "mark.slurm" in text or "sbatch" in text
+
+
+def split_serial(durations: dict, mpi_suites) -> tuple:
+    """The serial suite's files in two parts, the second to be followed by the MPI runs,
+    of about equal recorded seconds (``tests/durations.json``); the files that share the
+    cluster or Slurm (:func:`_shares_a_resource`) all in the first. Deterministic."""
+    per_file = {}
+    for key, seconds in durations.get("serial", {}).items():
+        name = key.split("::")[0]
+        per_file[name] = per_file.get(name, 0.0) + seconds
+    mpi = sum(sum(durations.get(f"n{n}", {}).values()) + MPI_OVERHEAD_S for n in mpi_suites)
+    files = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").rglob("test_*.py"))
+    together = [f for f in files if _shares_a_resource(ROOT / f)]
+    load = [sum(per_file.get(f, UNKNOWN_FILE_S) for f in together), mpi]
+    parts = [list(together), []]
+    rest = sorted((f for f in files if f not in together),
+                  key=lambda f: (-per_file.get(f, UNKNOWN_FILE_S), f))
+    for name in rest:  # longest first, each to the part that ends sooner
+        part = 0 if load[0] <= load[1] else 1
+        parts[part].append(name)
+        load[part] += per_file.get(name, UNKNOWN_FILE_S)
+    return sorted(parts[0]), sorted(parts[1])
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ranks", default="2,3,4", help="rank counts of the MPI runs")
+    parser.add_argument("--no-serial", action="store_true", help="only the MPI runs")
     parser.add_argument("--quick", action="store_true",
                         help="only the tests marked quick (the edit-test loop's tier)")
     parser.add_argument("--lanes", type=int, default=2,
@@ -175,15 +232,35 @@ def main():
         # --plan auto jobs of one layout calibrate once per suite run (tests/conftest.py)
         env = dict(os.environ, PYTHONUNBUFFERED="1",
                    HPCPAX_CALIBRATION_CACHE=os.path.join(tmp, "calibration"))
-        serial = Run("serial", f"{tmp}/serial", [
-            sys.executable, "-m", "pytest", "-q", "--with-mpi",
-            f"--junitxml={tmp}/serial/rank0.xml", *extra], limits["serial"])
+        explicit = any(Path(a).exists() for a in args.pytest_args)
+        ranks = [int(x) for x in args.ranks.split(",") if x]
         parallel = []
-        for n in [int(x) for x in args.ranks.split(",") if x]:
+        # every rank collects only the files that hold multi-rank tests (collecting all
+        # of them, torch and transformers imported included, cost each rank 5 s here)
+        paths = [] if explicit else mpi_test_files()
+        for n in ranks:
             parallel.append(Run(f"mpirun -n {n}", f"{tmp}/n{n}", [
                 mpirun, "-n", str(n), sys.executable, "-m", "mpi4py",
                 str(ROOT / "tests" / "mpi_pytest.py"), f"{tmp}/n{n}", "-q", "--only-mpi",
-                *extra], limits[n]))
+                *extra, *paths], limits[n]))
+
+        def serial_run(label, folder, files):
+            return Run(label, f"{tmp}/{folder}", [
+                sys.executable, "-m", "pytest", "-q", "--with-mpi",
+                f"--junitxml={tmp}/{folder}/rank0.xml", *extra, *files], limits["serial"])
+
+        if args.no_serial:
+            lanes = [parallel]
+        elif args.lanes > 1 and not explicit:
+            # two lanes of equal recorded length: serial part 1 | serial part 2, then MPI
+            first, second = split_serial(_durations(), ranks)
+            lanes = [[serial_run("serial 1/2", "serial-1", first)],
+                     [serial_run("serial 2/2", "serial-2", second), *parallel]]
+        elif args.lanes > 1:
+            lanes = [[serial_run("serial", "serial", [])], parallel]
+        else:
+            lanes = [[serial_run("serial", "serial", []), *parallel]]
+        runs = [run for lane_runs in lanes for run in lane_runs]
         lock = threading.Lock()
 
         def lane(runs):
@@ -191,13 +268,11 @@ def main():
                 run_env = dict(env, MPIEXEC_TIMEOUT=str(run.limit))
                 run.execute(run_env, lock)
 
-        lanes = [[serial], parallel] if args.lanes > 1 else [[serial, *parallel]]
-        threads = [threading.Thread(target=lane, args=(runs,)) for runs in lanes]
+        threads = [threading.Thread(target=lane, args=(lane_runs,)) for lane_runs in lanes]
         for thread in threads:
             thread.start()
         for thread in threads:
             thread.join()
-        runs = [serial, *parallel]
         totals = [sum(r.results()[i] for r in runs) for i in range(3)]
         failures = [r.label for r in runs if r.results()[1]]
     if failures:

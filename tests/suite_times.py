@@ -37,11 +37,13 @@ def read(reports: Path) -> dict:
     """``{suite: {test key: (wall_s, cpu_s)}}`` of the tests that ran (not skipped)."""
     out = {}
     for suite in SUITES:
-        path = reports / suite / "rank0.xml"
-        if not path.exists():
+        # the serial suite may have run in parts (run_suites.py: serial-1, serial-2)
+        paths = sorted(reports.glob(f"{suite}-*/rank0.xml")) if suite == "serial" else []
+        paths = [p for p in [reports / suite / "rank0.xml", *paths] if p.exists()]
+        if not paths:
             continue
         tests = out[suite] = {}
-        for case in ET.parse(path).getroot().iter("testcase"):
+        for case in (c for p in paths for c in ET.parse(p).getroot().iter("testcase")):
             if case.find("skipped") is not None:
                 continue
             cpu = next((float(p.get("value")) for p in case.iter("property")

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from conftest import PREFIX, ROOT, TINY, cluster_skip_reason, run_env, run_on_cluster
+from cluster_jobs import PREFIX, ROOT, TINY, cluster_skip_reason, run_env, run_on_cluster
 from hpcpax.cluster import ClusterSpec, parse_delay, parse_rate
 from hpcpax.cluster.launcher import TRANSPORT_ENV, mpirun_argv
 from hpcpax.cluster.slurmd import cluster_partition, node_conf_text

@@ -12,7 +12,7 @@ have carried traffic.
 import json
 import sys
 
-from conftest import ROOT, run_on_cluster
+from cluster_jobs import ROOT, run_on_cluster
 
 
 def test_cost_model_job_on_shaped_links_measures_the_link_and_predicts_the_bytes(cluster,

@@ -18,7 +18,7 @@ import time
 
 import pytest
 
-from conftest import ROOT, TINY, run_env, run_on_cluster
+from cluster_jobs import ROOT, TINY, run_env, run_on_cluster
 
 pytestmark = pytest.mark.cluster
 

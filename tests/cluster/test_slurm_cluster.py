@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, TINY, cluster_skip_reason
+from cluster_jobs import ROOT, TINY, cluster_skip_reason
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slurm]
 

@@ -14,7 +14,7 @@ import json
 
 import pytest
 
-from conftest import TINY, cluster_skip_reason, run_on_cluster
+from cluster_jobs import TINY, cluster_skip_reason, run_on_cluster
 
 pytestmark = pytest.mark.cluster
 

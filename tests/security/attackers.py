@@ -1,8 +1,8 @@
 """The security tests' second local user, who attacks this job.
 
-A module, not a ``conftest.py``: other folders' tests ``from conftest import``,
-which would find this file if it were one. Tests take the fixture with
-``from attackers import attacker  # noqa: F401`` and the helpers by name.
+The fixture ``attacker`` is in ``conftest.py``; tests import the helpers from
+here (``from conftest import`` would find whichever conftest pytest imported
+last).
 
 On a shared login or compute node another uid can see a job's processes
 (``/proc``), its abstract sockets (``/proc/net/unix``) and any file the job
@@ -14,18 +14,16 @@ their own jobs).
 """
 
 import os
-import pwd
 import shutil
 import subprocess
 import sys
 
-import pytest
 
 #: The attacker's account (created once, kept: useradd is slow and idempotence is cheap).
 ATTACKER = "hpcpax-attacker"
 
 
-def _skip_reason():
+def skip_reason():
     if os.environ.get("PMI_RANK") or os.environ.get("PMI_SIZE"):
         return "starts its own jobs; serial suite only"
     if os.geteuid() != 0:
@@ -34,25 +32,6 @@ def _skip_reason():
         if shutil.which(tool) is None and not os.path.exists(f"/usr/sbin/{tool}"):
             return f"needs {tool}"
     return None
-
-
-@pytest.fixture(scope="session")
-def attacker():
-    """``(uid, gid)`` of a second local user (created if missing); skips where impossible."""
-    reason = _skip_reason()
-    if reason:
-        pytest.skip(reason)
-    try:
-        entry = pwd.getpwnam(ATTACKER)
-    except KeyError:
-        useradd = shutil.which("useradd") or "/usr/sbin/useradd"
-        done = subprocess.run([useradd, "--system", "--no-create-home", "--shell",
-                               "/usr/sbin/nologin", ATTACKER], capture_output=True, text=True,
-                              timeout=60)
-        if done.returncode != 0:
-            pytest.skip(f"useradd failed: {done.stderr.strip()}")
-        entry = pwd.getpwnam(ATTACKER)
-    return entry.pw_uid, entry.pw_gid
 
 
 def as_attacker(attacker, argv, **kwargs):

@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "reliability"))
 from reliability_jobs import TINY, Job, serial_only  # noqa: E402
 
 
-from attackers import as_attacker, attacker  # noqa: E402,F401  (attacker: a fixture)
+from attackers import as_attacker  # noqa: E402
 
 #: The attacker: finds watchers and attacks every address it sees until told to stop
 #: (a line on stdin); prints what it saw and got as one JSON line.
@@ -243,7 +243,7 @@ def test_a_rank_killed_in_a_checkpoint_write_is_named_despite_the_attacker(attac
     named = [line for line in text.splitlines() if "ended without finishing" in line]
     assert status != 0 and elapsed < 30, text
     assert len(named) == 1, text
-    assert named[0].startswith(f"hpcpax: rank 0 (server, host ") and \
+    assert named[0].startswith("hpcpax: rank 0 (server, host ") and \
         f", pid {pids[0]}) ended without finishing, in 'checkpoint write after step 3': " \
         "killed, crashed or out of memory" in named[0], named[0]
     assert "the launcher then ended ranks [1, 2, 3] on this host" in named[0], named[0]

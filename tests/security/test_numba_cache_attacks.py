@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from attackers import as_attacker, attacker  # noqa: F401  (attacker: a fixture)
+from attackers import as_attacker
 
 pytest.importorskip("numba")
 

@@ -1,6 +1,6 @@
 """Another local user against this user's run log (issue 70, item 2).
 
-The attacker (a second uid, :func:`attackers.attacker`) plants symbolic links
+The attacker (a second uid, the ``attacker`` fixture of ``conftest.py``) plants symbolic links
 at the log's path (to a new file in this user's 0700 directory) and at
 SQLite's journal beside it (to a file there) in a shared sticky directory,
 and holds the lock of a log an older hpcpax left readable (SQLite's shared
@@ -22,7 +22,7 @@ import warnings
 import pytest
 from mpi4py import MPI
 
-from attackers import as_attacker, attacker, attacker_python  # noqa: F401  (attacker: a fixture)
+from attackers import as_attacker, attacker_python
 from hpcpax.app import trainer as trainer_module
 from hpcpax.app.trainer import Trainer
 from hpcpax.runlog import log as log_module

@@ -17,10 +17,14 @@ float32 single process differs from its own float64 run), and 8 negatives
 per sample for the LM's SGD (frequent rows' gradients are sums of hundreds
 of terms; their rounding is the reference's own, measured in docs/measurements.md).
 
-Serial only: it starts its own MPI jobs.
+Serial only: it starts its own MPI job, one for every case
+(``tests/torch_adapter/run_examples.py`` runs them one after the other in the
+same four ranks, each case's output kept apart; a job per case cost four
+interpreters importing torch, hpcpax and Numba each time).
 """
 
 import importlib
+import json
 import os
 import subprocess
 import sys
@@ -61,12 +65,39 @@ def _compare(reference, distributed):
     return {k: float(np.abs(a[k] - b[k]).max() / np.abs(a[k]).max()) for k in a.files}
 
 
-@pytest.mark.timeout(400)
-@pytest.mark.parametrize("example,optimizer,dtype,plan,rpn,batch", CASES)
-def test_four_ranks_equal_one_process(tmp_path, example, optimizer, dtype, plan, rpn, batch):
-    _outside_mpi()
-    args = SMALL[example] + ["--steps", "50", "--batch", str(batch), "--optimizer", optimizer,
+def _args(example, optimizer, dtype, batch):
+    return SMALL[example] + ["--steps", "50", "--batch", str(batch), "--optimizer", optimizer,
                              "--dtype", dtype, "--log-every", "25"]
+
+
+@pytest.fixture(scope="module")
+def distributed(tmp_path_factory):
+    """Every case under ``mpirun -n 4``, in one job: ``(exit status, job output, folder)``;
+    case ``i``'s parameters in ``folder/four<i>.npz``, its ranks' output in
+    ``folder/case<i>.rank<r>.out``."""
+    _outside_mpi()
+    folder = tmp_path_factory.mktemp("four")
+    cases = [{"example": example, "ranks_per_node": rpn,
+              "args": _args(example, optimizer, dtype, batch)
+              + ["--plan", plan, "--dump", str(folder / f"four{i}.npz")]}
+             for i, (example, optimizer, dtype, plan, rpn, batch) in enumerate(CASES)]
+    (folder / "cases.json").write_text(json.dumps(cases))
+    env = {**os.environ, "MPIEXEC_TIMEOUT": "600", "OMP_NUM_THREADS": "1",
+           "PYTHONWARNINGS": "ignore"}
+    env.pop("HPCPAX_RANKS_PER_NODE", None)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    done = subprocess.run([_mpirun(), "-n", "4", sys.executable, "-m", "mpi4py",
+                           str(Path(__file__).with_name("run_examples.py")),
+                           str(folder / "cases.json"), str(folder)],
+                          capture_output=True, text=True, timeout=620, cwd=ROOT, env=env)
+    return done.returncode, done.stdout[-3000:] + done.stderr[-3000:], folder
+
+
+@pytest.mark.timeout(700)
+@pytest.mark.parametrize("example,optimizer,dtype,plan,rpn,batch", CASES)
+def test_four_ranks_equal_one_process(tmp_path, distributed, example, optimizer, dtype, plan,
+                                      rpn, batch):
+    index = CASES.index((example, optimizer, dtype, plan, rpn, batch))
     script = ROOT / "examples" / f"torch_{example}.py"
     sys.path.insert(0, str(script.parent))
     try:
@@ -76,20 +107,16 @@ def test_four_ranks_equal_one_process(tmp_path, example, optimizer, dtype, plan,
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        module.main(args + ["--single-process", "--dump", str(tmp_path / "one.npz")])
+        module.main(_args(example, optimizer, dtype, batch)
+                    + ["--single-process", "--dump", str(tmp_path / "one.npz")])
     finally:
         torch.set_num_threads(threads)
-    env = {**os.environ, "MPIEXEC_TIMEOUT": "360", "OMP_NUM_THREADS": "1",
-           "PYTHONWARNINGS": "ignore"}
-    env.pop("HPCPAX_RANKS_PER_NODE", None)
-    if rpn:
-        env["HPCPAX_RANKS_PER_NODE"] = str(rpn)
-    done = subprocess.run([_mpirun(), "-n", "4", sys.executable, "-m", "mpi4py", str(script),
-                           *args, "--plan", plan, "--dump", str(tmp_path / "four.npz")],
-                          capture_output=True, text=True, timeout=380, cwd=ROOT, env=env)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert "hpcpax.torch: 4 ranks" in done.stdout  # the first worker's summary, once
-    assert done.stdout.count("samples/s") == 1  # the other workers print nothing
-    errors = _compare(tmp_path / "one.npz", tmp_path / "four.npz")
+    status, output, folder = distributed
+    dumped = folder / f"four{index}.npz"
+    assert status == 0, output
+    stdout = "".join(p.read_text() for p in sorted(folder.glob(f"case{index}.rank*.out")))
+    assert "hpcpax.torch: 4 ranks" in stdout, output  # the first worker's summary, once
+    assert stdout.count("samples/s") == 1  # the other workers print nothing
+    errors = _compare(tmp_path / "one.npz", dumped)
     tolerance = 1e-5 if dtype == "float32" else 1e-10
     assert max(errors.values()) <= tolerance, errors

@@ -136,10 +136,21 @@ def test_the_second_job_takes_the_first_jobs_calibration(tmp_path_factory, all_o
     assert how_first["source"] == "measured" and how_second["source"] == "kept"
     assert how_first["file"] == how_second["file"] and how_first["file"].endswith(".json")
     assert all_ok(cost_params(first) == cost_params(second) and first == second)
-    third, how_third = cache.calibrate_or_reuse(topology, fabric_seconds=0.2, budget_s=0.4,
-                                                directory=directory)
-    assert how_third["source"] == "measured" and how_third["file"] != how_first["file"]
-    off, how_off = cache.calibrate_or_reuse(topology, fabric_seconds=0.2, budget_s=0.5,
-                                            directory="off")
-    assert how_off == {"source": "measured", "file": None}
+    # another budget is another key, so another file (what a third call would measure)
+    other = cache.layout_key(topology, 0.2, 0.4, 64)
+    assert other != cache.layout_key(topology, 0.2, 0.5, 64)
+    assert cache._file_name(other) != how_first["file"]
+    assert cache.load(directory, other) == (None, None)
     topology.free()
+
+
+def test_off_always_measures(monkeypatch):
+    """``off`` (or no directory) calls the calibration and keeps nothing."""
+    calls = []
+    monkeypatch.setattr("hpcpax.tune.calibrate.calibrate",
+                        lambda topology, **kwargs: calls.append(kwargs) or dict(CALIBRATION))
+    for directory in ("off", ""):
+        calibration, how = cache.calibrate_or_reuse(None, fabric_seconds=0.2, budget_s=0.5,
+                                                    directory=directory)
+        assert calibration == CALIBRATION and how == {"source": "measured", "file": None}
+    assert calls == [{"fabric_seconds": 0.2, "dim": 64, "budget_s": 0.5}] * 2
