@@ -208,7 +208,13 @@ def watch(listener, node_ranks, world, expected):
         else:
             timeout = None
         open_ranks = [r for r in ranks.values() if r.ended_at is None]
-        if len(ranks) >= node_ranks or time.monotonic() > deadline:
+        # every rank that connected left on purpose: the job is over on this host, and a
+        # rank that never connected (its connect gave up on a busy host) went unwatched;
+        # waiting for it would hold the launcher's output, and so mpirun, open
+        finished = bool(ranks) and all(r.ending in ("bye", "abort", "dropped")
+                                       for r in ranks.values()) and not open_ranks \
+            and any(r.ending in ("bye", "abort") for r in ranks.values())
+        if len(ranks) >= node_ranks or time.monotonic() > deadline or finished:
             if listener.sock is not None:
                 poller.unregister(listener.sock.fileno())
                 listener.close()

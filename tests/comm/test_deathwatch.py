@@ -103,6 +103,19 @@ def test_ranks_that_say_goodbye_are_not_reported():
 
 
 @pytest.mark.timeout(60)
+def test_a_rank_that_never_connected_does_not_hold_the_watcher():
+    """Its connect gave up on a busy host: once the ranks that did connect have all said
+    goodbye, the watcher ends at once (it held the launcher's output, and so mpirun,
+    open for its 120 s accept window)."""
+    address, watcher = _start(node_ranks=3)
+    started = time.monotonic()
+    for proc in _ranks(address, ["bye", "bye"]):  # the third rank never comes
+        _end(proc)
+    assert _report(watcher) == "" and watcher.returncode == 0
+    assert time.monotonic() - started < 20
+
+
+@pytest.mark.timeout(60)
 def test_a_rank_that_aborts_with_its_own_report_silences_the_watcher():
     address, watcher = _start()
     procs = _ranks(address, ["abort", "die", "die"])

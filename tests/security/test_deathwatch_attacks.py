@@ -45,7 +45,7 @@ PAYLOADS = [
     ("held", b"", False),
 ]
 seen = {"watchers": [], "addresses": [], "attempts": 0, "errors": {}, "connected": 0,
-        "closed_by_watcher": 0, "kept_open": 0}
+        "closed_by_watcher": 0, "kept_open": 0, "ranks_of": {}}
 held = []
 
 
@@ -65,6 +65,9 @@ def watcher_addresses():
                 if pid not in seen["watchers"]:
                     seen["watchers"].append(pid)
                 found.add(argv[i + 1].decode())
+                # "rank:pid,..." of its host's ranks: which job it watches
+                seen["ranks_of"][argv[i + 1].decode()] = (argv[i + 4].decode()
+                                                          if len(argv) > i + 4 else "")
     return found
 
 
@@ -209,7 +212,11 @@ def test_a_clean_run_ends_as_without_the_attacker(attacker, tmp_path):
     assert status == 0 and text == expected, text  # what a run with no attacker prints
     assert lingered < 5.0, f"mpirun outlived its last rank by {lingered:.1f} s"
     _assert_no_slot_taken(seen)
-    for address in seen["addresses"]:  # the socket file and its directory are gone
+    # this job's socket file and its directory are gone (other jobs on the host may run)
+    ours = [address for address, ranks in seen["ranks_of"].items()
+            if {f"{rank}:{pid}" for rank, pid in pids.items()} & set(ranks.split(","))]
+    assert ours, seen
+    for address in ours:
         if address.startswith("/"):
             assert not os.path.lexists(address) and not os.path.lexists(os.path.dirname(address))
 
