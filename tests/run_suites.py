@@ -182,26 +182,45 @@ def _shares_a_resource(path: Path) -> bool:
     return "mark.slurm" in text or "sbatch" in text
 
 
-def split_serial(durations: dict, mpi_suites) -> tuple:
-    """The serial suite's files in two parts, the second to be followed by the MPI runs,
-    of about equal recorded seconds (``tests/durations.json``); the files that share the
-    cluster or Slurm (:func:`_shares_a_resource`) all in the first. Deterministic."""
-    per_file = {}
-    for key, seconds in durations.get("serial", {}).items():
+#: A test file whose recorded CPU seconds are below this share of its wall seconds
+#: mostly waits (a watchdog's timeout, a Slurm queue, emulated compute): with
+#: ``--lanes 3`` such files run in a lane of their own, beside the busy ones.
+WAITING_SHARE = 0.4
+
+
+def _per_file(durations: dict, suite: str) -> dict:
+    out = {}
+    for key, seconds in durations.get(suite, {}).items():
         name = key.split("::")[0]
-        per_file[name] = per_file.get(name, 0.0) + seconds
+        out[name] = out.get(name, 0.0) + seconds
+    return out
+
+
+def split_serial(durations: dict, mpi_suites, lanes: int = 2) -> list:
+    """The serial suite's files in ``lanes - 1`` busy parts plus, with 3 lanes, a part of
+    the files that mostly wait (:data:`WAITING_SHARE`) and those that share the cluster
+    or Slurm (:func:`_shares_a_resource`, always in one part). The last busy part is
+    followed by the MPI runs; the busy parts get about equal recorded seconds
+    (``tests/durations.json``). Deterministic. Returns the parts, waiting part first."""
+    wall, cpu = _per_file(durations, "serial"), _per_file(durations, "serial_cpu")
     mpi = sum(sum(durations.get(f"n{n}", {}).values()) + MPI_OVERHEAD_S for n in mpi_suites)
     files = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").rglob("test_*.py"))
     together = [f for f in files if _shares_a_resource(ROOT / f)]
-    load = [sum(per_file.get(f, UNKNOWN_FILE_S) for f in together), mpi]
-    parts = [list(together), []]
-    rest = sorted((f for f in files if f not in together),
-                  key=lambda f: (-per_file.get(f, UNKNOWN_FILE_S), f))
-    for name in rest:  # longest first, each to the part that ends sooner
-        part = 0 if load[0] <= load[1] else 1
+    if lanes >= 3:
+        waiting = [f for f in files if f in together or (
+            f in cpu and wall.get(f, 0.0) > 5.0 and cpu[f] < WAITING_SHARE * wall[f])]
+        parts, load = [waiting, [], []], [float("inf"), 0.0, mpi]
+    else:
+        parts, load = [list(together), []], [sum(wall.get(f, UNKNOWN_FILE_S)
+                                                 for f in together), mpi]
+    placed = set(parts[0])
+    rest = sorted((f for f in files if f not in placed),
+                  key=lambda f: (-wall.get(f, UNKNOWN_FILE_S), f))
+    for name in rest:  # longest first, each to the busy part that ends sooner
+        part = min(range(len(parts)), key=lambda k: (load[k], k))
         parts[part].append(name)
-        load[part] += per_file.get(name, UNKNOWN_FILE_S)
-    return sorted(parts[0]), sorted(parts[1])
+        load[part] += wall.get(name, UNKNOWN_FILE_S)
+    return [sorted(p) for p in parts]
 
 
 def main():
@@ -210,9 +229,10 @@ def main():
     parser.add_argument("--no-serial", action="store_true", help="only the MPI runs")
     parser.add_argument("--quick", action="store_true",
                         help="only the tests marked quick (the edit-test loop's tier)")
-    parser.add_argument("--lanes", type=int, default=2,
-                        help="runs at once: 1 runs them one after the other; 2 runs the serial "
-                             "suite beside the MPI suites")
+    parser.add_argument("--lanes", type=int, default=3, choices=(1, 2, 3),
+                        help="runs at once: 1 runs them one after the other; 2: the serial "
+                             "suite in two parts, the second followed by the MPI runs; 3 (the "
+                             "default): the tests that mostly wait in a third part beside them")
     parser.add_argument("--limit", type=int, default=None,
                         help="seconds per run (default: each run's own, LIMITS)")
     parser.add_argument("--reports", default=None,
@@ -252,10 +272,12 @@ def main():
         if args.no_serial:
             lanes = [parallel]
         elif args.lanes > 1 and not explicit:
-            # two lanes of equal recorded length: serial part 1 | serial part 2, then MPI
-            first, second = split_serial(_durations(), ranks)
-            lanes = [[serial_run("serial 1/2", "serial-1", first)],
-                     [serial_run("serial 2/2", "serial-2", second), *parallel]]
+            # lanes of equal recorded length: serial parts, the last followed by the MPI
+            # runs (with 3 lanes, the first part holds the tests that mostly wait)
+            parts = split_serial(_durations(), ranks, args.lanes)
+            lanes = [[serial_run(f"serial {i + 1}/{len(parts)}", f"serial-{i + 1}", part)]
+                     for i, part in enumerate(parts)]
+            lanes[-1].extend(parallel)
         elif args.lanes > 1:
             lanes = [[serial_run("serial", "serial", [])], parallel]
         else:

@@ -102,6 +102,10 @@ def main():
     if args.write_durations:
         durations = {suite: {key: round(wall, 3) for key, (wall, _) in sorted(tests.items())}
                      for suite, tests in times.items()}
+        # the serial tests' CPU seconds too: run_suites.py gives the tests that mostly
+        # wait (a watchdog's timeout, a Slurm queue) a lane of their own
+        durations["serial_cpu"] = {key: round(cpu, 3)
+                                   for key, (_, cpu) in sorted(times.get("serial", {}).items())}
         args.write_durations.write_text(json.dumps(durations, indent=0, sort_keys=True) + "\n")
         print(f"wrote {args.write_durations}")
 
