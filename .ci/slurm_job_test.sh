@@ -71,7 +71,7 @@ bash -n "$work/job.sbatch" || fail "rendered job script has a syntax error"
 
 # A runner with fewer cores than ranks (or a cluster without slurm_up.sh's
 # oversubscription) needs --overcommit to start the job at all.
-sbatch_args=(--parsable --wait --chdir "$repo")
+sbatch_args=(--parsable --chdir "$repo")
 node_cpus=$(timeout 15 sinfo -h -o '%c' | sort -n | tail -n 1 | tr -d '+ ')
 if [[ -n $node_cpus && $node_cpus -lt $ntasks ]]; then
     sbatch_args+=(--overcommit)
@@ -81,15 +81,22 @@ fi
 log "submitting $work/job.sbatch (timeout ${timeout_s}s)"
 start=$(date +%s)
 status=0
-timeout "$timeout_s" sbatch "${sbatch_args[@]}" "$work/job.sbatch" >"$work/sbatch.out" 2>"$work/sbatch.err" || status=$?
+timeout 60 sbatch "${sbatch_args[@]}" "$work/job.sbatch" >"$work/sbatch.out" 2>"$work/sbatch.err" || status=$?
 job_id=$(head -n 1 "$work/sbatch.out" | cut -d';' -f1 | tr -d '[:space:]')
-log "job ${job_id:-?} finished after $(($(date +%s) - start))s, sbatch --wait exit $status"
-if [[ $status -eq 124 ]]; then
-    if [[ -n $job_id ]]; then timeout 15 scancel "$job_id" || true; fi
-    fail "job did not finish within ${timeout_s}s (cancelled)"
-fi
-[[ -n $job_id ]] || { cat "$work/sbatch.err" >&2; fail "sbatch gave no job id"; }
-[[ $status -eq 0 ]] || { cat "$work/sbatch.err" >&2; fail "sbatch --wait exit status $status"; }
+[[ $status -eq 0 && -n $job_id ]] || { cat "$work/sbatch.err" >&2; fail "sbatch gave no job id (exit $status)"; }
+# Polled every half second (sbatch --wait sleeps up to 32 s between its looks).
+while :; do
+    state=$(timeout 15 scontrol show job -o "$job_id" 2>/dev/null | sed -n 's/.*JobState=\([A-Z_]*\).*/\1/p' || true)
+    case $state in
+        COMPLETED|FAILED|CANCELLED|TIMEOUT|NODE_FAIL|OUT_OF_MEMORY|PREEMPTED|BOOT_FAIL|DEADLINE) break ;;
+    esac
+    if (( $(date +%s) - start > timeout_s )); then
+        timeout 15 scancel "$job_id" || true
+        fail "job did not finish within ${timeout_s}s (cancelled)"
+    fi
+    sleep 0.5
+done
+log "job $job_id ended ($state) after $(($(date +%s) - start))s"
 
 # ---- check ----------------------------------------------------------------
 # No slurmdbd, so no sacct: scontrol keeps finished jobs for MinJobAge (300 s).
@@ -100,7 +107,7 @@ if [[ -n $state ]]; then
     [[ $state == COMPLETED ]] || fail "job state $state, expected COMPLETED"
     [[ $exit_code == 0:0 ]] || fail "job exit code $exit_code, expected 0:0"
 else
-    log "scontrol no longer knows job $job_id; relying on sbatch --wait's exit status 0"
+    fail "scontrol no longer knows job $job_id"
 fi
 metrics=$run_dir/metrics.jsonl
 [[ -s $metrics ]] || fail "$metrics is missing or empty"

@@ -23,6 +23,7 @@ import pytest
 
 from hpcpax.app import checkpoint_files as ckpt
 from reliability_jobs import ROOT, TINY, serial_only
+from slurm_wait import submit_and_wait
 
 pytestmark = pytest.mark.slurm
 
@@ -70,6 +71,13 @@ def _submit(script, *flags):
     return subprocess.run(["sbatch", "--parsable", "--overcommit", "--chdir", str(ROOT), *flags,
                            str(script)], capture_output=True, text=True, check=True,
                           timeout=600).stdout.strip().split(";")[0]
+
+
+def _run_to_end(script):
+    """Submit ``script`` and wait for its end, polled (``tests/slurm_wait.py``: ``sbatch
+    --wait`` sleeps up to 32 s between looks); its id."""
+    job_id, _, _ = submit_and_wait(["--overcommit", "--chdir", str(ROOT), str(script)], 240)
+    return job_id
 
 
 def _wait_for_metrics(run_dir, job_id):
@@ -178,12 +186,12 @@ def test_a_resubmitted_job_continues_its_run(tmp_path):
     serial_only()
     run_dir = tmp_path / "run"
     script = _script(tmp_path, run_dir, steps=6, checkpoint_every=3)
-    first = _submit(script, "--wait")
+    first = _run_to_end(script)
     assert _state(first)[0] == "COMPLETED", _state(first)
     lines = (run_dir / "metrics.jsonl").read_text()
     checkpoint = ckpt.latest(run_dir)
     manifest = (Path(checkpoint) / ckpt.MANIFEST).read_text()
-    second = _submit(script, "--wait")
+    second = _run_to_end(script)
     output = "".join(p.read_text() for p in tmp_path.glob("slurm-*.out"))
     assert _state(second)[0] == "COMPLETED", (_state(second), output[-2000:])
     text = (run_dir / "metrics.jsonl").read_text()

@@ -1,7 +1,7 @@
 """A real Slurm job runs ``examples/torch_dlrm.py`` through ``hpcpax.torch`` under srun.
 
 Renders ``jobscripts/script.sbatch`` (4 tasks: 1 server + 3 workers), submits
-it with ``sbatch --wait``, and compares the parameters the job dumped with
+it (polled to its end: ``tests/slurm_wait.py``), and compares the parameters the job dumped with
 the same script run here as one plain PyTorch process: equal to 1e-5.
 Skipped when no Slurm answers or torch is missing; serial only.
 """
@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from slurm_wait import submit_and_wait
 from test_sbatch_job import _slurm_up
 
 torch = pytest.importorskip("torch")
@@ -42,10 +43,9 @@ def test_torch_example_under_srun_equals_one_process(tmp_path):
     cpus = subprocess.run(["sinfo", "-h", "-o", "%c"], capture_output=True, text=True,
                           timeout=15).stdout.split()
     extra = ["--overcommit"] if cpus and int(cpus[0].rstrip("+")) < 4 else []
-    done = subprocess.run(["sbatch", "--parsable", "--wait", "--chdir", str(ROOT), *extra,
-                           str(job)], capture_output=True, text=True, timeout=560)
+    job_id, state, status = submit_and_wait(["--chdir", str(ROOT), *extra, str(job)], 560)
     output = "".join(p.read_text() for p in tmp_path.glob("slurm-*.out"))
-    assert done.returncode == 0, done.stderr[-2000:] + output[-3000:]
+    assert status == 0 and state == "COMPLETED", (job_id, state, status, output[-3000:])
     assert "hpcpax.torch: 4 ranks (1 server, 3 workers" in output
     sys.path.insert(0, str(ROOT / "examples"))
     try:
