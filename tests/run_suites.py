@@ -8,12 +8,15 @@ point, about 3 minutes here). Each run has a wall-clock limit (``timeout`` +
 nothing hangs. Multi-rank runs execute only the tests marked ``mpi``; a
 failure on any rank fails the run.
 
-The serial suite runs beside the MPI suites (``--lanes 2``, the default: the
-serial run in one lane, ``-n 2``, ``-n 3``, ``-n 4`` one after the other in
-the other), each run's output kept in its report folder and printed when it
-fails. Each run ends with a line of its time against its limit, with a
-``WARNING`` where it took more than half of it, so that growth shows long
-before it breaks CI. The last line is the total over all runs:
+The serial suite runs in parts beside the MPI suites (``--lanes 3``, the
+default): the tests that mostly wait (a watchdog's timeout, a Slurm queue,
+emulated compute; with those that share the emulated cluster or Slurm) in one
+lane, the busy ones in two lanes of equal recorded length, the second followed
+by ``-n 2``, ``-n 3``, ``-n 4`` (``tests/durations.json``, written by
+``tests/suite_times.py``). Each run's output is kept in its report folder and
+printed when it fails. Each run ends with a line of its time against its
+limit, with a ``WARNING`` where it took more than half of it, so that growth
+shows long before it breaks CI. The last line is the total over all runs:
 ``total: N passed, N failed, N skipped``.
 """
 
