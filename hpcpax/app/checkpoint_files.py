@@ -541,6 +541,23 @@ class RowsLayout:
                     for k in optimizer.scalar_slots})
 
 
+
+def _slot_members(group, declared, plural, singular, file_path, where, shape_of, note):
+    """The datasets of a checkpoint's slot ``group``, by name: exactly the ``declared``
+    ones (None: whatever is there), each of the shape and dtype ``shape_of(name)`` gives
+    (None: not checked). Raises CheckpointError naming the file, ``where`` and the slot."""
+    names = set(group)
+    if declared is not None and names != set(declared):
+        raise CheckpointError(f"{file_path}: {where} {plural} {sorted(names)}, "
+                              f"the optimizer has {sorted(declared)}")
+    members = {}
+    for name in sorted(names):
+        what = f"{where} {singular} {name!r}"
+        members[name] = _member(group, name, "Dataset", file_path, what)
+        if shape_of is not None:
+            _check_exact(members[name], file_path, what + note, *shape_of(name))
+    return members
+
 def _sparse_datasets(group, file_path, name, layout, dim):
     """``(ids, table, row slots, scalar slots)`` datasets of one file's variable ``name``,
     every shape and dtype checked before anything is read."""
@@ -563,26 +580,12 @@ def _sparse_datasets(group, file_path, name, layout, dim):
         raise CheckpointError(f"{file_path}: {where} the table is "
                               f"{_shown(table.shape, table.dtype)} with {rows} ids, expected "
                               f"{expected}")
-    names = set(row_group)
-    if layout is not None and names != set(layout.row_slots):
-        raise CheckpointError(f"{file_path}: {where} optimizer row slots {sorted(names)}, "
-                              f"the optimizer has {sorted(layout.row_slots)}")
-    row_slots = {}
-    for slot in sorted(names):
-        what = f"{where} optimizer slot {slot!r}"
-        row_slots[slot] = _member(row_group, slot, "Dataset", file_path, what)
-        _check_exact(row_slots[slot], file_path, what + " (shaped like the table)",
-                     table.shape, table.dtype)
-    names = set(scalar_group)
-    if layout is not None and names != set(layout.scalar_slots):
-        raise CheckpointError(f"{file_path}: {where} optimizer scalars {sorted(names)}, "
-                              f"the optimizer has {sorted(layout.scalar_slots)}")
-    scalars = {}
-    for key in sorted(names):
-        what = f"{where} optimizer scalar {key!r}"
-        scalars[key] = _member(scalar_group, key, "Dataset", file_path, what)
-        if layout is not None:
-            _check_exact(scalars[key], file_path, what, *layout.scalar_slots[key])
+    row_slots = _slot_members(row_group, None if layout is None else layout.row_slots,
+                              "optimizer row slots", "optimizer slot", file_path, where,
+                              lambda slot: (table.shape, table.dtype), " (shaped like the table)")
+    scalars = _slot_members(scalar_group, None if layout is None else layout.scalar_slots,
+                            "optimizer scalars", "optimizer scalar", file_path, where,
+                            None if layout is None else layout.scalar_slots.__getitem__, "")
     return ids, table, row_slots, scalars
 
 

@@ -157,6 +157,17 @@ def crash_in_checkpoint():
     checkpoint.save = crashing_save
 
 
+def fill_disk(path):
+    """Write ``path`` until the file system has no byte left."""
+    with open(path, "wb", buffering=0) as handle:
+        for block in (1 << 16, 1 << 12, 1):
+            try:
+                while True:
+                    handle.write(b"\0" * block)
+            except OSError:
+                pass
+
+
 def fill_disk_at_checkpoint():
     spec = os.environ.get("RELIABILITY_FILL_DISK_AT_CHECKPOINT")
     if not spec:
@@ -169,13 +180,7 @@ def fill_disk_at_checkpoint():
     def save_on_a_full_disk(comm, run_dir, step, **kwargs):
         if int(step) == int(fill_step):
             if comm.Get_rank() == 0:
-                with open(filler, "wb", buffering=0) as handle:
-                    for block in (1 << 16, 1 << 12, 1):
-                        try:
-                            while True:
-                                handle.write(b"\0" * block)
-                        except OSError:
-                            pass
+                fill_disk(filler)
             comm.Barrier()
         return save(comm, run_dir, step, **kwargs)
 

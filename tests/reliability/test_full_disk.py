@@ -7,7 +7,6 @@ right before a checkpoint (issue 70): one line, once.
 """
 
 import json
-import os
 import re
 import subprocess
 import sys
@@ -19,6 +18,7 @@ from hpcpax.app import checkpoint_files as ckpt
 from hpcpax.app.metrics import read_metrics
 from hpcpax.app.trainer import Trainer
 from hpcpax.errors import CheckpointError
+from run_trainer import fill_disk
 from reliability_jobs import (ROOT, TINY, clean_env, mount_tmpfs, remount, run_job, serial_only,
                               unmount)
 
@@ -39,17 +39,6 @@ def whole_lines(path) -> list:
     text = path.read_text()
     assert text.endswith("\n"), text[-200:]
     return [json.loads(line) for line in text.splitlines()]
-
-
-def fill_disk(path):
-    """Write ``path`` until the file system has no byte left."""
-    with open(path, "wb", buffering=0) as handle:
-        for block in (1 << 16, 1 << 12, 1):
-            try:
-                while True:
-                    handle.write(b"\0" * block)
-            except OSError:
-                pass
 
 
 @pytest.fixture

@@ -25,26 +25,13 @@ import pytest
 from attackers import as_attacker
 
 pytest.importorskip("numba")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "ops"))
+import test_numba_cache as _numba_cache_tests  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
-KERNEL = textwrap.dedent("""
-    import numba
-    import numpy as np
+#: tests/ops/test_numba_cache.py's kernel module, guarded, printing one result.
+KERNEL = _numba_cache_tests.KERNEL + "\nimport numpy as np\nprint(total(np.arange(5, dtype=np.float64)))\n"
 
-    from hpcpax.ops._numba_cache import guard_module
-
-
-    @numba.njit(cache=True)
-    def total(a):
-        s = 0.0
-        for i in range(a.size):
-            s += a[i]
-        return s + a.size
-
-
-    guard_module(globals())
-    print(total(np.arange(5, dtype=np.float64)))
-""")
 
 
 @pytest.fixture
@@ -59,7 +46,7 @@ def shared_tmp():
 def _run_kernel(folder, cache_dir, **env):
     """This user's process running the guarded kernel; ``(CompletedProcess, seconds)``."""
     (folder / "kernel.py").write_text(KERNEL)
-    environment = dict(os.environ, NUMBA_CACHE_DIR=str(cache_dir),
+    environment = dict(os.environ, NUMBA_CACHE_DIR=str(cache_dir), GUARD="1",
                        PYTHONPATH=os.pathsep.join([str(folder), str(ROOT)]), **env)
     started = time.monotonic()
     done = subprocess.run([sys.executable, str(folder / "kernel.py")], cwd=folder,
